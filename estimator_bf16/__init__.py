@@ -1,0 +1,45 @@
+"""estimator_bf16: train unmodified TPUEstimator code in bfloat16.
+
+    import estimator_bf16 as eb
+    estimator = eb.make_tpu_estimator(model_fn, precision='bfloat16', ...)
+    estimator.train(eb.wrap_input_fn(input_fn, 'bfloat16'), max_steps=1000)
+"""
+
+from estimator_bf16._tf_check import check_tensorflow as _check_tensorflow
+
+_check_tensorflow()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from estimator_bf16.adafactor import AdafactorOptimizer
+from estimator_bf16.audit import GraphReport
+from estimator_bf16.audit import PrecisionError
+from estimator_bf16.audit import check_graph
+from estimator_bf16.casting import cast_features
+from estimator_bf16.casting import to_float32
+from estimator_bf16.estimator import make_tpu_estimator
+from estimator_bf16.float32_list import float32_ops
+from estimator_bf16.precision import PRECISIONS
+from estimator_bf16.precision import compute_dtype
+from estimator_bf16.scope import bfloat16_scope
+from estimator_bf16.wrappers import build_network
+from estimator_bf16.wrappers import wrap_input_fn
+from estimator_bf16.wrappers import wrap_model_fn
+
+__version__ = '0.1.0'
+
+__all__ = [
+    'AdafactorOptimizer',
+    'GraphReport',
+    'PRECISIONS',
+    'PrecisionError',
+    'bfloat16_scope',
+    'build_network',
+    'cast_features',
+    'check_graph',
+    'compute_dtype',
+    'float32_ops',
+    'make_tpu_estimator',
+    'to_float32',
+    'wrap_input_fn',
+    'wrap_model_fn',
+]
