@@ -1,0 +1,208 @@
+"""Graph audit: find precision mistakes on a laptop, not on the TPU.
+
+`check_graph` reads a built graph and reports what the field keeps tripping
+over (see the package README): variables stored in 16 bits, ops that mix
+bfloat16 and float32 (a `tf.matmul(bfloat16, float32)` silently becomes a
+float32 `SparseMatMul`), a loss that is not float32, and how much of the
+matmul/conv arithmetic actually runs in bfloat16.
+"""
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+_VARIABLE_OPS = frozenset(['VariableV2', 'VarHandleOp', 'Variable'])
+_HALF = (tf.bfloat16, tf.float16)
+_FLOATS = frozenset([tf.bfloat16, tf.float16, tf.float32, tf.float64])
+# Ops whose inputs legitimately differ in float dtype.
+_MIXED_ALLOWED = frozenset([
+    'Cast', 'Bitcast', 'FusedBatchNorm', 'FusedBatchNormV2',
+    'FusedBatchNormV3', 'FusedBatchNormGrad', 'FusedBatchNormGradV2',
+    'FusedBatchNormGradV3', '_FusedBatchNormEx', 'NoOp', 'Identity',
+    'IdentityN', 'Print', 'PrintV2', 'Assert', 'SaveV2', 'Save', 'SaveSlices',
+    'MergeV2Checkpoints', 'TensorSummary', 'TensorSummaryV2', 'Merge',
+    'Switch', 'Enter', 'Exit', 'NextIteration', 'If', 'StatelessIf', 'While',
+    'StatelessWhile', 'PartitionedCall', 'StatefulPartitionedCall',
+    'IteratorGetNext', 'OutfeedEnqueueTuple', 'InfeedEnqueueTuple',
+    'TPUReplicatedInput', 'TPUReplicatedOutput', 'Pack', 'Unpack',
+])
+_ALWAYS_MIXED = frozenset(['SparseMatMul'])
+
+
+class PrecisionError(TypeError):
+  """A graph breaks the bfloat16 recipe; the message names what and where."""
+
+
+@dataclasses.dataclass
+class GraphReport:
+  """What `check_graph` found.
+
+  Attributes:
+    half_precision_variables: (name, dtype name) of each variable stored in
+      bfloat16 or float16 (master weights must be float32).
+    mixed_precision_ops: (op name, op type, input dtypes) of each op mixing
+      float dtypes, `SparseMatMul` included.
+    loss_dtype: dtype name of the checked loss, or None if none was given.
+    flops_by_dtype: {dtype name: estimated FLOPs} over matmul/conv ops,
+      forward and backward; unknown dimensions count as 1.
+    bfloat16_flop_share: share of those FLOPs in bfloat16 (0.0 if none).
+    num_ops: ops in the graph; num_casts: `Cast` ops among them.
+    problems: one sentence for each finding that breaks the recipe.
+  """
+  half_precision_variables: List[Tuple[str, str]]
+  mixed_precision_ops: List[Tuple[str, str, Tuple[str, ...]]]
+  loss_dtype: Optional[str]
+  flops_by_dtype: Dict[str, float]
+  bfloat16_flop_share: float
+  num_ops: int
+  num_casts: int
+  problems: List[str]
+
+  @property
+  def ok(self):
+    return not self.problems
+
+  def summary(self):
+    """One line for logs."""
+    return ('%d ops (%d casts), %.1f%% of matmul/conv FLOPs in bfloat16, '
+            'loss %s, %d problem(s)' % (
+                self.num_ops, self.num_casts, 100 * self.bfloat16_flop_share,
+                self.loss_dtype, len(self.problems)))
+
+
+def _dims(shape):
+  """Static dims of a TensorShape with unknown entries (or rank) as 1."""
+  if shape.rank is None:
+    return []
+  return [1 if d is None else int(d) for d in shape.as_list()]
+
+
+def _matmul_flops(op):
+  a, b = _dims(op.inputs[0].shape), _dims(op.inputs[1].shape)
+  if len(a) < 2 or len(b) < 2:
+    return 0.0
+  transpose_a = _attr(op, 'transpose_a') or _attr(op, 'adj_x')
+  transpose_b = _attr(op, 'transpose_b') or _attr(op, 'adj_y')
+  m, k = (a[-1], a[-2]) if transpose_a else (a[-2], a[-1])
+  n = b[-2] if transpose_b else b[-1]
+  batch = np.prod(_dims(op.outputs[0].shape)[:-2] or [1])
+  return 2.0 * float(batch) * m * k * n
+
+
+def _conv_flops(op):
+  """2 * output elements * (kernel height * width * input channels)."""
+  if op.type == 'Conv2DBackpropFilter':
+    kernel, out = _dims(op.outputs[0].shape), _dims(op.inputs[2].shape)
+  elif op.type == 'Conv2DBackpropInput':
+    kernel, out = _dims(op.inputs[1].shape), _dims(op.inputs[2].shape)
+  else:
+    kernel, out = _dims(op.inputs[1].shape), _dims(op.outputs[0].shape)
+  if len(kernel) != 4 or not out:
+    return 0.0
+  return 2.0 * float(np.prod(out)) * kernel[0] * kernel[1] * kernel[2]
+
+
+_FLOP_COUNTERS = {
+    'MatMul': _matmul_flops, '_FusedMatMul': _matmul_flops,
+    'SparseMatMul': _matmul_flops, 'BatchMatMul': _matmul_flops,
+    'BatchMatMulV2': _matmul_flops, 'BatchMatMulV3': _matmul_flops,
+    'Conv2D': _conv_flops, '_FusedConv2D': _conv_flops,
+    'Conv2DBackpropInput': _conv_flops, 'Conv2DBackpropFilter': _conv_flops,
+}
+
+
+def _attr(op, name):
+  try:
+    return op.get_attr(name)
+  except ValueError:
+    return None
+
+
+def _float_input_dtypes(op):
+  dtypes = set()
+  for tensor in op.inputs:
+    dtype = tensor.dtype.base_dtype
+    if dtype in _FLOATS:
+      dtypes.add(dtype)
+  return dtypes
+
+
+def _compute_dtype(op):
+  """The dtype an op's arithmetic runs in: SparseMatMul always float32."""
+  if op.type == 'SparseMatMul':
+    return tf.float32
+  return op.inputs[0].dtype.base_dtype
+
+
+def check_graph(graph=None, strict=True, loss=None):
+  """Audits a built graph for bfloat16 mistakes.
+
+  Args:
+    graph: the `tf.Graph` to read; the default graph if None.
+    strict: if True, raise `PrecisionError` when anything is found.
+    loss: optional loss tensor; it must be float32.
+
+  Returns:
+    A `GraphReport`.
+
+  Raises:
+    PrecisionError: if `strict` and the report has problems; the message
+      lists each offending variable / op and what to do.
+  """
+  graph = graph or tf.compat.v1.get_default_graph()
+  half_vars, mixed_ops, problems = [], [], []
+  flops = {}
+  num_casts = 0
+  operations = graph.get_operations()
+  for op in operations:
+    if op.type == 'Cast':
+      num_casts += 1
+    if op.type in _VARIABLE_OPS:
+      dtype = tf.as_dtype(op.get_attr('dtype')).base_dtype
+      if dtype in _HALF:
+        half_vars.append((op.name, dtype.name))
+      continue
+    dtypes = _float_input_dtypes(op)
+    if op.type in _ALWAYS_MIXED or (
+        len(dtypes) > 1 and op.type not in _MIXED_ALLOWED):
+      mixed_ops.append((op.name, op.type,
+                        tuple(t.dtype.base_dtype.name for t in op.inputs)))
+    counter = _FLOP_COUNTERS.get(op.type)
+    if counter is not None:
+      name = _compute_dtype(op).name
+      flops[name] = flops.get(name, 0.0) + counter(op)
+
+  for name, dtype in half_vars:
+    problems.append(
+        'variable %r is stored as %s: master weights must be float32. It was '
+        'probably made by a Keras layer (which ignores the bfloat16 scope) or '
+        'by an explicit dtype; build it with tf.compat.v1.get_variable / '
+        'tf.compat.v1.layers inside eb.bfloat16_scope instead.' % (name, dtype))
+  for name, op_type, in_dtypes in mixed_ops:
+    problems.append(
+        'op %r (%s) mixes dtypes %s: a float32 tensor meets bfloat16 '
+        'activations. Cast it with eb.cast_features / tf.cast, or request the '
+        'variable with dtype=tf.bfloat16 so the scope reads it as bfloat16.'
+        % (name, op_type, ', '.join(in_dtypes)))
+  loss_dtype = None
+  if loss is not None:
+    loss_dtype = loss.dtype.base_dtype.name
+    if loss.dtype.base_dtype != tf.float32:
+      problems.append(
+          'the loss %r is %s: TPU training loops need a float32 loss, and a '
+          'loss reduced in 16 bits loses accuracy. Use tf.compat.v1.losses '
+          '(computed in float32 by the wrapper) or cast the logits with '
+          'tf.cast(logits, tf.float32) before the loss.'
+          % (loss.name, loss_dtype))
+  total = sum(flops.values())
+  report = GraphReport(
+      half_precision_variables=half_vars, mixed_precision_ops=mixed_ops,
+      loss_dtype=loss_dtype, flops_by_dtype=flops,
+      bfloat16_flop_share=(flops.get('bfloat16', 0.0) / total) if total else 0.0,
+      num_ops=len(operations), num_casts=num_casts, problems=problems)
+  if strict and problems:
+    raise PrecisionError('check_graph found %d problem(s):\n- %s' % (
+        len(problems), '\n- '.join(problems)))
+  return report

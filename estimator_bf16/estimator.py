@@ -1,0 +1,142 @@
+"""The TensorFlow 2.15 backend: a TPUEstimator around a wrapped model_fn.
+
+This is the only module that touches `tf.compat.v1.estimator`; the precision
+logic lives in the other modules so another backend can reuse it.
+"""
+
+import tensorflow as tf
+
+from estimator_bf16 import precision as precision_lib
+from estimator_bf16 import wrappers
+
+_RESERVED_PARAMS = ('batch_size', 'use_tpu', 'context')
+
+
+def _positive_int(name, value, allow_none=False):
+  if value is None and allow_none:
+    return
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ValueError('%s must be a positive integer, got %r.' % (name, value))
+
+
+def _check_batches(use_tpu, num_shards, num_cores_per_replica, batches):
+  if not use_tpu:
+    return
+  replicas = num_shards // (num_cores_per_replica or 1)
+  for name, batch in batches.items():
+    if batch is not None and batch % replicas:
+      raise ValueError(
+          '%s=%d is not divisible by the %d replicas (num_shards=%d / '
+          'num_cores_per_replica=%s): each TPU core needs the same per-core '
+          'batch.' % (name, batch, replicas, num_shards, num_cores_per_replica))
+
+
+def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
+                       use_tpu=False, tpu=None, tpu_zone=None,
+                       gcp_project=None, eval_batch_size=None,
+                       predict_batch_size=None, iterations_per_loop=100,
+                       num_shards=None, num_cores_per_replica=None,
+                       params=None, export_to_tpu=False,
+                       save_checkpoints_steps=None, save_checkpoints_secs=None,
+                       keep_checkpoint_max=5, save_summary_steps=100,
+                       log_step_count_steps=100, tf_random_seed=None,
+                       audit='strict', exclude=(), session_config=None,
+                       eval_on_tpu=True):
+  """Builds a `TPUEstimator` that runs `model_fn` in `precision`.
+
+  Args:
+    model_fn: a legacy model_fn, left unmodified (see `wrap_model_fn`).
+    model_dir: checkpoints and summaries go here (a `gs://` path on TPUs).
+    precision: `'float32'` or `'bfloat16'`; also given to model_fn and
+      input_fn as `params['precision']`.
+    train_batch_size: global training batch (all cores together).
+    use_tpu: False runs locally on the CPU, with the same model_fn.
+    tpu: TPU name or gRPC address (or 'local' on a TPU VM); needed with
+      `use_tpu`. The cluster resolver is only created when `use_tpu`.
+    tpu_zone, gcp_project: where the TPU is, if not discoverable.
+    eval_batch_size, predict_batch_size: global batches for those modes.
+    iterations_per_loop: training steps per TPU loop (and per host call).
+    num_shards: TPU cores; 8 for a v2-8/v3-8 board (the default on a TPU).
+    num_cores_per_replica: cores per model replica (model parallelism).
+    params: extra hyperparameters for model_fn/input_fn; the keys
+      'batch_size', 'use_tpu' and 'context' are TPUEstimator's own.
+    export_to_tpu: also export a TPU serving graph.
+    save_checkpoints_steps, save_checkpoints_secs, keep_checkpoint_max,
+    save_summary_steps, log_step_count_steps, tf_random_seed,
+    session_config: as in `RunConfig`.
+    audit: `'strict'`, `'warn'` or `'off'` (see `wrap_model_fn`).
+    exclude: feature keys that are never cast.
+    eval_on_tpu: evaluate on the TPU (True) or on the host CPU.
+
+  Returns:
+    A `tf.compat.v1.estimator.tpu.TPUEstimator`.
+
+  Raises:
+    ValueError: bad precision, audit, batch sizes, reserved params, a
+      missing `tpu` with `use_tpu`, or batches not divisible by the replicas.
+  """
+  precision_lib.check_precision(precision)
+  _positive_int('train_batch_size', train_batch_size)
+  _positive_int('eval_batch_size', eval_batch_size, allow_none=True)
+  _positive_int('predict_batch_size', predict_batch_size, allow_none=True)
+  _positive_int('iterations_per_loop', iterations_per_loop)
+  _positive_int('num_shards', num_shards, allow_none=True)
+  _positive_int('num_cores_per_replica', num_cores_per_replica,
+                allow_none=True)
+  if not model_dir:
+    raise ValueError('model_dir is required: checkpoints and summaries go '
+                     'there.')
+  params = dict(params or {})
+  reserved = sorted(set(params) & set(_RESERVED_PARAMS))
+  if reserved:
+    raise ValueError('params must not set %s: TPUEstimator fills them in.' %
+                     ', '.join(reserved))
+  params['precision'] = precision
+  if use_tpu and not tpu:
+    raise ValueError("use_tpu=True needs tpu: the TPU's name, address, or "
+                     "'local' on a TPU VM.")
+  if use_tpu and num_shards is None:
+    num_shards = 8  # One v2-8 / v3-8 board; a v2 -> v3 move keeps it.
+  _check_batches(use_tpu, num_shards, num_cores_per_replica, {
+      'train_batch_size': train_batch_size,
+      'eval_batch_size': eval_batch_size,
+      'predict_batch_size': predict_batch_size})
+
+  if save_checkpoints_steps is None and save_checkpoints_secs is None:
+    # RunConfig's own default; passing both as None would switch
+    # checkpointing off entirely, final checkpoint included.
+    save_checkpoints_secs = 600
+  tpu_lib = tf.compat.v1.estimator.tpu
+  cluster = None
+  if use_tpu:
+    cluster = tf.distribute.cluster_resolver.TPUClusterResolver(
+        tpu, zone=tpu_zone, project=gcp_project)
+  tpu_config = tpu_lib.TPUConfig(
+      iterations_per_loop=iterations_per_loop,
+      num_shards=num_shards,
+      num_cores_per_replica=num_cores_per_replica,
+      per_host_input_for_training=(
+          tpu_lib.InputPipelineConfig.PER_HOST_V2 if use_tpu
+          else tpu_lib.InputPipelineConfig.PER_HOST_V1))
+  config = tpu_lib.RunConfig(
+      cluster=cluster,
+      model_dir=model_dir,
+      save_checkpoints_steps=save_checkpoints_steps,
+      save_checkpoints_secs=save_checkpoints_secs,
+      keep_checkpoint_max=keep_checkpoint_max,
+      save_summary_steps=save_summary_steps,
+      log_step_count_steps=log_step_count_steps,
+      tf_random_seed=tf_random_seed,
+      session_config=session_config,
+      tpu_config=tpu_config)
+  return tpu_lib.TPUEstimator(
+      model_fn=wrappers.wrap_model_fn(model_fn, precision, audit=audit,
+                                      exclude=exclude),
+      config=config,
+      use_tpu=use_tpu,
+      train_batch_size=train_batch_size,
+      eval_batch_size=eval_batch_size,
+      predict_batch_size=predict_batch_size,
+      params=params,
+      export_to_tpu=export_to_tpu,
+      eval_on_tpu=eval_on_tpu)

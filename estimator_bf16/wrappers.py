@@ -1,0 +1,238 @@
+"""Wrappers that put an unmodified model_fn / input_fn / network in bfloat16."""
+
+import functools
+import inspect
+
+from absl import logging
+import tensorflow as tf
+
+from estimator_bf16 import audit as audit_lib
+from estimator_bf16 import casting
+from estimator_bf16 import float32_list
+from estimator_bf16 import precision as precision_lib
+from estimator_bf16 import scope as scope_lib
+from estimator_bf16 import specs
+
+AUDIT_MODES = ('strict', 'warn', 'off')
+_MODEL_FN_ARGS = ('features', 'labels', 'mode', 'params', 'config')
+# Below this share of matmul/conv FLOPs in bfloat16, a bfloat16 run is
+# probably not doing what the user thinks (e.g. float32 variables requested
+# without a dtype, as BERT-style code does).
+_LOW_BF16_SHARE = 0.5
+
+
+def _check_audit(audit):
+  if audit not in AUDIT_MODES:
+    raise ValueError('audit must be one of %s, got %r.' %
+                     (', '.join(repr(a) for a in AUDIT_MODES), audit))
+  return audit
+
+
+def _signature(fn, what):
+  if not callable(fn):
+    raise TypeError('%s must be callable, got %r.' % (what, fn))
+  try:
+    return inspect.signature(fn)
+  except (TypeError, ValueError) as e:
+    raise TypeError('Cannot read the signature of %s %r: %s' % (what, fn, e))
+
+
+def _model_fn_arg_names(model_fn):
+  """Returns the Estimator arguments model_fn takes; raises if unsupported."""
+  signature = _signature(model_fn, 'model_fn')
+  names = []
+  for param in signature.parameters.values():
+    if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+      continue
+    if param.name in _MODEL_FN_ARGS:
+      names.append(param.name)
+    elif param.default is param.empty:
+      raise ValueError(
+          'model_fn %r has the argument %r, which an Estimator cannot pass. '
+          'A model_fn takes (features, labels, mode, params, config), any '
+          'subset containing features; give %r a default or bind it with '
+          'functools.partial.' % (getattr(model_fn, '__name__', model_fn),
+                                  param.name, param.name))
+  if 'features' not in names:
+    raise ValueError('model_fn %r must take a `features` argument; its '
+                     'signature is %s.' % (
+                         getattr(model_fn, '__name__', model_fn), signature))
+  return tuple(names)
+
+
+def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
+  """Wraps a legacy model_fn so it computes in `precision`.
+
+  Under `'bfloat16'`, the returned model_fn casts floating features to
+  bfloat16, runs `model_fn` inside `bfloat16_scope` with the float32 list in
+  force (softmax, cross-entropy, `tf.compat.v1.losses`, metrics and summaries
+  compute in float32), and returns a spec whose loss, predictions, export
+  outputs and eval_metrics / host_call tensors are float32. In TRAIN mode it
+  then audits the graph with `check_graph`.
+
+  Args:
+    model_fn: `(features, labels, mode[, params][, config])` returning an
+      `EstimatorSpec` or `TPUEstimatorSpec`; left unmodified.
+    precision: `'float32'` or `'bfloat16'`.
+    audit: `'strict'` raises `PrecisionError` on a precision mistake found in
+      the TRAIN graph; `'warn'` logs it; `'off'` skips the audit.
+    exclude: feature keys that stay as they are (see `cast_features`).
+
+  Returns:
+    A model_fn `(features, labels, mode, params, config)`. For `'float32'`
+    this is `model_fn` itself: nothing changes.
+
+  Raises:
+    ValueError: bad `precision` or `audit`, or a model_fn signature an
+      Estimator cannot call.
+  """
+  precision_lib.check_precision(precision)
+  _check_audit(audit)
+  accepted = _model_fn_arg_names(model_fn)
+  if precision == 'float32':
+    return model_fn
+
+  @functools.wraps(model_fn)
+  def bfloat16_model_fn(features, labels, mode, params, config):
+    if labels is not None and 'labels' not in accepted:
+      raise ValueError('model_fn does not take labels, but the input_fn '
+                       'returned labels.')
+    kwargs = {'labels': labels, 'mode': mode, 'params': params,
+              'config': config}
+    kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    with float32_list.float32_ops():
+      features = casting.cast_features(features, precision, exclude)
+      with scope_lib.bfloat16_scope(precision):
+        spec = model_fn(features=features, **kwargs)
+    raw_loss = getattr(spec, 'loss', None)
+    spec = specs.float32_spec(spec)
+    if mode == 'train' and audit != 'off':
+      _audit_train_graph(raw_loss, strict=(audit == 'strict'))
+    return spec
+
+  # Estimators read argument names to decide what to pass; ours takes all.
+  bfloat16_model_fn.__signature__ = inspect.Signature(
+      [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+       for n in _MODEL_FN_ARGS])
+  del bfloat16_model_fn.__wrapped__
+  return bfloat16_model_fn
+
+
+def _audit_train_graph(loss, strict):
+  report = audit_lib.check_graph(strict=strict, loss=loss)
+  for problem in report.problems:
+    logging.warning('check_graph: %s', problem)
+  if report.flops_by_dtype and report.bfloat16_flop_share < _LOW_BF16_SHARE:
+    logging.warning(
+        'precision is bfloat16 but only %.0f%% of matmul/conv FLOPs run in '
+        'bfloat16. Variables requested without a dtype stay float32: request '
+        'them with dtype=<activation dtype> so the scope reads them as '
+        'bfloat16.', 100 * report.bfloat16_flop_share)
+  logging.info('check_graph: %s', report.summary())
+
+
+def _is_tensor_like(value):
+  return isinstance(value, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor,
+                            tf.Variable))
+
+
+def _has_tensor(structure):
+  return any(_is_tensor_like(leaf) for leaf in tf.nest.flatten(structure))
+
+
+def _cast_input_result(result, precision, exclude):
+  """Casts the features of what an input_fn returned; labels are kept."""
+  if isinstance(result, tf.data.Dataset):
+    spec = result.element_spec
+    if isinstance(spec, tuple) and len(spec) == 2:
+      return result.map(
+          lambda features, labels: (
+              casting.cast_features(features, precision, exclude), labels),
+          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return result.map(
+        lambda *features: casting.cast_features(
+            features[0] if len(features) == 1 else features, precision,
+            exclude),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  if isinstance(result, tuple) and len(result) == 2 and _has_tensor(result[0]):
+    features, labels = result
+    return casting.cast_features(features, precision, exclude), labels
+  if _is_tensor_like(result) or (
+      isinstance(result, dict) and result and _has_tensor(result)):
+    return casting.cast_features(result, precision, exclude)
+  raise TypeError(
+      'input_fn must return a tf.data.Dataset (of features or of (features, '
+      'labels)), a (features, labels) tuple of tensors, or a features tensor '
+      'or dict of tensors; got %s. Build the data with tf.data, e.g. '
+      'tf.data.Dataset.from_tensor_slices(...).batch(batch_size).' %
+      type(result).__name__)
+
+
+def wrap_input_fn(input_fn, precision, exclude=()):
+  """Wraps an input_fn so its floating features arrive in `precision`.
+
+  Args:
+    input_fn: called as TPUEstimator calls it (`input_fn(params)`,
+      `input_fn()`, or with `mode`/`config`); the wrapper keeps its
+      signature, so the Estimator passes the same arguments.
+    precision: `'float32'` or `'bfloat16'`.
+    exclude: feature keys that stay as they are.
+
+  Returns:
+    An input_fn. Under `'bfloat16'`, a returned `tf.data.Dataset` gets a
+    `map` that casts the features (the dataset-parser cast: the infeed
+    carries half the bytes); returned tensors are cast directly. Labels are
+    never cast. For `'float32'` this is `input_fn` itself.
+
+  Raises:
+    ValueError: bad `precision`.
+    TypeError: `input_fn` is not callable, or (when called) returns something
+      that is neither a Dataset nor tensors.
+  """
+  precision_lib.check_precision(precision)
+  signature = _signature(input_fn, 'input_fn')
+  if precision == 'float32':
+    return input_fn
+
+  @functools.wraps(input_fn)
+  def bfloat16_input_fn(*args, **kwargs):
+    return _cast_input_result(input_fn(*args, **kwargs), precision, exclude)
+
+  bfloat16_input_fn.__signature__ = signature
+  return bfloat16_input_fn
+
+
+def build_network(network_fn=None, precision='bfloat16', exclude=()):
+  """Runs a network the tensorflow/tpu way: bfloat16 inside, float32 out.
+
+  Usable directly, `logits = eb.build_network(net, 'bfloat16')(images)`, or
+  as a decorator, `@eb.build_network(precision='bfloat16')`.
+
+  Args:
+    network_fn: a function of tensors building the network; its floating
+      arguments (any nesting) are cast to the compute dtype.
+    precision: `'float32'` or `'bfloat16'`.
+    exclude: dict keys of arguments that are not cast.
+
+  Returns:
+    A function with `network_fn`'s arguments whose floating outputs are
+    float32; the network itself ran in `bfloat16_scope` with the float32
+    list in force. Without `network_fn`, a decorator.
+  """
+  precision_lib.check_precision(precision)
+  if network_fn is None:
+    return functools.partial(build_network, precision=precision,
+                             exclude=exclude)
+  _signature(network_fn, 'network_fn')
+
+  @functools.wraps(network_fn)
+  def network_in_precision(*args, **kwargs):
+    if precision == 'float32':
+      return network_fn(*args, **kwargs)
+    args = casting.cast_features(args, precision, exclude)
+    kwargs = casting.cast_features(kwargs, precision, exclude)
+    with float32_list.float32_ops(), scope_lib.bfloat16_scope(precision):
+      outputs = network_fn(*args, **kwargs)
+    return casting.to_float32(outputs)
+
+  return network_in_precision

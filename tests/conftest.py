@@ -1,0 +1,9 @@
+"""Process-wide test set-up that must happen before TensorFlow is imported."""
+
+import os
+
+# The CPU allocator keeps the statistics that memory tests read only when the
+# process starts with this set (see estimator_bf16/memory.py).
+os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
+# Quieter logs: TensorFlow's C++ info lines drown test output.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
