@@ -133,7 +133,10 @@ def _compute_dtype(op):
   """The dtype an op's arithmetic runs in: SparseMatMul always float32."""
   if op.type == 'SparseMatMul':
     return tf.float32
-  return op.inputs[0].dtype.base_dtype
+  for tensor in op.inputs:  # Conv2DBackpropInput starts with int32 sizes.
+    if tensor.dtype.base_dtype in _FLOATS:
+      return tensor.dtype.base_dtype
+  return op.outputs[0].dtype.base_dtype
 
 
 def check_graph(graph=None, strict=True, loss=None):

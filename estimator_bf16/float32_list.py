@@ -128,8 +128,8 @@ class _Patcher(object):
       self._depth -= 1
       if self._depth == 0:
         undo, self._undo = self._undo, []
-        for namespace, name, original in reversed(undo):
-          namespace[name] = original
+        for module, name, original in reversed(undo):
+          setattr(module, name, original)
 
 
 def _swap_everywhere(table):
@@ -143,8 +143,10 @@ def _swap_everywhere(table):
     for name, value in list(namespace.items()):
       hit = by_id.get(id(value))
       if hit is not None and hit[0] is value:
-        namespace[name] = hit[1]
-        undo.append((namespace, name, value))
+        # setattr, not a dict write: TensorFlow's API modules are wrappers
+        # with an attribute cache that only __setattr__ keeps in step.
+        setattr(module, name, hit[1])
+        undo.append((module, name, value))
   return undo
 
 

@@ -20,11 +20,18 @@ import tensorflow as tf
 from estimator_bf16 import precision as precision_lib
 
 
+def _is_bfloat16_constant(initializer):
+  if isinstance(initializer, tf.Tensor):
+    return initializer.dtype == tf.bfloat16
+  return (isinstance(initializer, np.ndarray) and
+          initializer.dtype.name == 'bfloat16')
+
+
 def _as_float32_initializer(initializer):
   """Makes a bfloat16 constant initializer usable for a float32 variable."""
   if isinstance(initializer, tf.Tensor) and initializer.dtype == tf.bfloat16:
     return tf.cast(initializer, tf.float32)
-  if isinstance(initializer, np.ndarray) and initializer.dtype.name == 'bfloat16':
+  if _is_bfloat16_constant(initializer):
     return initializer.astype(np.float32)
   return initializer
 
@@ -32,6 +39,11 @@ def _as_float32_initializer(initializer):
 def _float32_storage_getter(getter, name, *args, **kwargs):
   """Custom getter: store bfloat16 requests as float32, read them as bfloat16."""
   requested = kwargs.get('dtype')
+  initializer = kwargs.get('initializer')
+  if _is_bfloat16_constant(initializer):
+    # A bfloat16 constant initializer decides the dtype of the variable,
+    # whatever dtype default the caller left in place.
+    requested = tf.bfloat16
   if requested is None or tf.as_dtype(requested) != tf.bfloat16:
     # float32 (or integer) requests pass through untouched, so code that asks
     # for float32 keeps float32 reads; `check_graph` reports such reads that

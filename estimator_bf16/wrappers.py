@@ -93,7 +93,8 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
     return model_fn
 
   @functools.wraps(model_fn)
-  def bfloat16_model_fn(features, labels, mode, params, config):
+  def bfloat16_model_fn(features, labels=None, mode=None, params=None,
+                        config=None):
     if labels is not None and 'labels' not in accepted:
       raise ValueError('model_fn does not take labels, but the input_fn '
                        'returned labels.')
@@ -110,10 +111,8 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
       _audit_train_graph(raw_loss, strict=(audit == 'strict'))
     return spec
 
-  # Estimators read argument names to decide what to pass; ours takes all.
-  bfloat16_model_fn.__signature__ = inspect.Signature(
-      [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-       for n in _MODEL_FN_ARGS])
+  # Estimators read argument names to decide what to pass: show ours (all
+  # five), not the wrapped function's.
   del bfloat16_model_fn.__wrapped__
   return bfloat16_model_fn
 

@@ -1,0 +1,183 @@
+"""End to end: an unmodified legacy model_fn through make_tpu_estimator."""
+
+import os
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import estimator_bf16 as eb
+from tests import legacy_model
+
+
+def _estimator(model_dir, precision, **kwargs):
+  return eb.make_tpu_estimator(
+      legacy_model.model_fn, model_dir=model_dir, precision=precision,
+      train_batch_size=32, eval_batch_size=32, predict_batch_size=8,
+      tf_random_seed=7, save_checkpoints_steps=50, **kwargs)
+
+
+def _input(fn, precision):
+  return eb.wrap_input_fn(fn, precision)
+
+
+def _train_graph(precision):
+  """Builds the TRAIN graph as TPUEstimator(use_tpu=False) would."""
+  graph = tf.Graph()
+  with graph.as_default():
+    features, labels = tf.compat.v1.data.make_one_shot_iterator(
+        _input(legacy_model.train_input_fn, precision)(
+            {'batch_size': 8, 'precision': precision})).get_next()
+    tf.compat.v1.train.get_or_create_global_step()
+    spec = eb.wrap_model_fn(legacy_model.model_fn, precision)(
+        features, labels, 'train', {'use_tpu': False})
+  return graph, spec
+
+
+class GraphTest(tf.test.TestCase, parameterized.TestCase):
+
+  def test_bfloat16_graph_dtypes(self):
+    graph, spec = _train_graph('bfloat16')
+    by_type = {}
+    for op in graph.get_operations():
+      by_type.setdefault(op.type, []).append(op)
+    for kind in ('Conv2D', 'MatMul', 'Conv2DBackpropFilter'):
+      self.assertNotEmpty(by_type[kind])
+      for op in by_type[kind]:
+        self.assertEqual(op.get_attr('T'), tf.bfloat16, op.name)
+    for kind in ('SparseSoftmaxCrossEntropyWithLogits',):
+      for op in by_type[kind]:
+        self.assertEqual(op.get_attr('T'), tf.float32, op.name)
+    # The float32 list: the prediction softmax ran in float32 as well.
+    self.assertEqual([op.get_attr('T') for op in by_type['Softmax']],
+                     [tf.float32])
+    for var in tf.compat.v1.global_variables(graph):
+      if var.dtype.base_dtype.is_floating:
+        self.assertEqual(var.dtype.base_dtype, tf.float32, var.name)
+    self.assertEqual(spec.loss.dtype, tf.float32)
+    _, metric_tensors = spec.eval_metrics
+    self.assertEqual([t.dtype for t in metric_tensors],
+                     [tf.int32, tf.float32])
+    report = eb.check_graph(graph, loss=spec.loss)
+    self.assertGreater(report.bfloat16_flop_share, 0.99)
+
+  def test_float32_is_the_original(self):
+    self.assertIs(eb.wrap_model_fn(legacy_model.model_fn, 'float32'),
+                  legacy_model.model_fn)
+    graph, _ = _train_graph('float32')
+    kinds = {op.get_attr('T') for op in graph.get_operations()
+             if op.type in ('Conv2D', 'MatMul')}
+    self.assertEqual(kinds, {tf.float32})
+
+  def test_variable_names_match_across_precisions(self):
+    names = {}
+    for precision in eb.PRECISIONS:
+      graph, _ = _train_graph(precision)
+      names[precision] = sorted(v.op.name for v in
+                                tf.compat.v1.global_variables(graph))
+    self.assertEqual(names['float32'], names['bfloat16'])
+
+
+@parameterized.parameters(*eb.PRECISIONS)
+class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
+
+  def test_train_evaluate_predict_export(self, precision):
+    model_dir = self.create_tempdir().full_path
+    estimator = _estimator(model_dir, precision)
+    estimator.train(_input(legacy_model.train_input_fn, precision),
+                    max_steps=100)
+    metrics = estimator.evaluate(_input(legacy_model.eval_input_fn, precision),
+                                 steps=8)
+    self.assertEqual(metrics['global_step'], 100)
+    self.assertGreater(metrics['accuracy'], 0.5)  # 4 classes: chance is 0.25
+    self.assertTrue(np.isfinite(metrics['loss']))
+
+    predictions = list(estimator.predict(
+        _input(legacy_model.predict_input_fn, precision)))
+    self.assertLen(predictions, 16)
+    self.assertEqual(predictions[0]['probabilities'].dtype, np.float32)
+    self.assertEqual(predictions[0]['logits'].dtype, np.float32)
+    self.assertAllClose(predictions[0]['probabilities'].sum(), 1.0, atol=1e-2)
+
+    reader = tf.train.load_checkpoint(model_dir)
+    for name, dtype in reader.get_variable_to_dtype_map().items():
+      if dtype.is_floating:
+        self.assertEqual(dtype, tf.float32, name)
+
+    export_dir = estimator.export_saved_model(
+        os.path.join(model_dir, 'export'), legacy_model.serving_input_fn)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      meta = tf.compat.v1.saved_model.load(sess, ['serve'], export_dir)
+      signature = meta.signature_def['classify']
+      self.assertEqual(signature.inputs['image'].dtype,
+                       tf.float32.as_datatype_enum)
+      for output in ('probabilities', 'logits'):
+        self.assertEqual(signature.outputs[output].dtype,
+                         tf.float32.as_datatype_enum)
+      images, _ = legacy_model.synthetic_data(4, seed=3)
+      probabilities = sess.run(signature.outputs['probabilities'].name,
+                               {signature.inputs['image'].name: images})
+    self.assertAllClose(probabilities.sum(axis=1), np.ones(4), atol=1e-2)
+
+
+class InterchangeTest(tf.test.TestCase):
+
+  def test_checkpoint_moves_between_precisions(self):
+    """float32 -> bfloat16 -> float32 in one model_dir, same names."""
+    model_dir = self.create_tempdir().full_path
+    steps = 0
+    names = None
+    for precision in ('float32', 'bfloat16', 'float32'):
+      steps += 40
+      _estimator(model_dir, precision).train(
+          _input(legacy_model.train_input_fn, precision), max_steps=steps)
+      reader = tf.train.load_checkpoint(model_dir)
+      self.assertEqual(reader.get_tensor('global_step'), steps)
+      dtypes = reader.get_variable_to_dtype_map()
+      if names is None:
+        names = set(dtypes)
+      self.assertEqual(set(dtypes), names)
+      self.assertTrue(all(d == tf.float32 for d in dtypes.values()
+                          if d.is_floating))
+
+  def test_bfloat16_loss_close_to_float32(self):
+    """Same seeds and data: bfloat16 eval loss within 0.05 of float32."""
+    losses = {}
+    for precision in eb.PRECISIONS:
+      estimator = _estimator(self.create_tempdir().full_path, precision)
+      estimator.train(_input(legacy_model.train_input_fn, precision),
+                      max_steps=150)
+      losses[precision] = estimator.evaluate(
+          _input(legacy_model.eval_input_fn, precision), steps=8)['loss']
+    self.assertLess(losses['float32'], 0.7)  # it learned (chance: ln 4=1.39)
+    self.assertAllClose(losses['bfloat16'], losses['float32'], atol=0.05)
+
+
+class MakeEstimatorErrorsTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('precision', dict(precision='fp16'), 'precision must be one of'),
+      ('batch', dict(train_batch_size=0), 'train_batch_size must be'),
+      ('no_tpu_name', dict(use_tpu=True), 'use_tpu=True needs tpu'),
+      ('shards', dict(use_tpu=True, tpu='local', train_batch_size=12),
+       'not divisible by the 8 replicas'),
+      ('reserved', dict(params={'batch_size': 3}), 'must not set batch_size'),
+      ('audit', dict(audit='loud'), 'audit must be one of'))
+  def test_bad_arguments(self, overrides, message):
+    kwargs = dict(model_dir=self.create_tempdir().full_path,
+                  precision='bfloat16', train_batch_size=32)
+    kwargs.update(overrides)
+    with self.assertRaisesRegex(ValueError, message):
+      eb.make_tpu_estimator(legacy_model.model_fn, **kwargs)
+
+  def test_params_carry_precision(self):
+    estimator = eb.make_tpu_estimator(
+        legacy_model.model_fn, model_dir=self.create_tempdir().full_path,
+        precision='bfloat16', train_batch_size=8, params={'lr': 0.1})
+    self.assertEqual(estimator.params['precision'], 'bfloat16')
+    self.assertEqual(estimator.params['lr'], 0.1)
+
+
+if __name__ == '__main__':
+  tf.compat.v1.disable_eager_execution()
+  tf.test.main()
