@@ -11,7 +11,7 @@ setuptools.setup(
     long_description_content_type='text/markdown',
     packages=setuptools.find_packages(include=['estimator_bf16',
                                                'estimator_bf16.*', 'models',
-                                               'models.*', 'scripts']),
+                                               'models.*', 'scripts', 'scripts.*']),
     python_requires='>=3.9,<3.12',
     install_requires=[
         # tf.estimator (and so TPUEstimator) was removed in TensorFlow 2.16.

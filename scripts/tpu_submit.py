@@ -1,0 +1,75 @@
+"""From laptop to Cloud TPU in one command: a gcloud job submission script.
+
+  python scripts/tpu_submit.py tpu-vm {create,run,delete,up} --name=NAME \
+      --zone=ZONE --accelerator-type=v3-8 --version=tpu-vm-tf-2.15.0-se \
+      --model-dir=gs://... [--data-dir=gs://...] [--spot] [--keep] \
+      [common flags] -- TRAINER ARGS
+  python scripts/tpu_submit.py vertex submit --region=R --display-name=N \
+      --accelerator-type=TPU_V3 --staging-bucket=gs://... --model-dir=gs://... \
+      [--timeout=2h] [--spot] [common flags] -- TRAINER ARGS
+  python scripts/tpu_submit.py vertex {status,logs,cancel} JOB_ID --region=R
+  python scripts/tpu_submit.py ai-platform submit ... --dry-run
+  common flags: --dry-run --gcloud=PATH --project=P --quiet
+
+Everything after `--` goes verbatim to `python -m models.train` on the TPU
+host. Exit codes: 2 for a rejected command line (no gcloud call is made),
+otherwise the exit code of the first failing command.
+"""
+
+import os
+import sys
+
+if not __package__:
+  # Run as `python scripts/tpu_submit.py`: make the repository importable so
+  # `scripts.tpu` resolves as it does for the `tpu-submit` entry point.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+
+from scripts.tpu import flags  # pylint: disable=g-import-not-at-top
+from scripts.tpu import packaging  # pylint: disable=g-import-not-at-top
+from scripts.tpu import validation  # pylint: disable=g-import-not-at-top
+
+
+def _error(message):
+  print('tpu_submit: error: ' + message, file=sys.stderr)
+  return 2
+
+
+def main(argv=None):
+  """Parses, validates, then runs (or prints) the gcloud commands.
+
+  Args:
+    argv: arguments without the program name; defaults to sys.argv[1:].
+
+  Returns:
+    The process exit code.
+  """
+  argv = sys.argv[1:] if argv is None else list(argv)
+  # Split at the first `--` ourselves: what follows belongs to the trainer,
+  # even if it looks like one of our flags.
+  head, trainer_args = argv, []
+  if '--' in argv:
+    split = argv.index('--')
+    head, trainer_args = argv[:split], argv[split + 1:]
+  try:
+    args, unknown = flags.build_parser().parse_known_args(head)
+  except SystemExit as e:  # argparse has printed usage (or --help).
+    return e.code if isinstance(e.code, int) else 2
+  if unknown:
+    return _error(
+        'unrecognized arguments: %s. Trainer arguments go after `--`, e.g. '
+        '`... -- %s`.' % (' '.join(unknown), ' '.join(unknown)))
+  if trainer_args and not args.takes_trainer_args:
+    return _error('`%s %s` takes no trainer arguments after --; got %s.'
+                  % (args.path, args.action, ' '.join(trainer_args)))
+  args.trainer_args = trainer_args
+  try:
+    return args.handler(args, packaging.repo_root())
+  except validation.UsageError as e:
+    return _error(str(e))
+  except KeyboardInterrupt:
+    return 130
+
+
+if __name__ == '__main__':
+  sys.exit(main())
