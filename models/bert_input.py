@@ -1,0 +1,191 @@
+"""BERT classification inputs: run_classifier TFRecords and a synthetic task.
+
+Both return `input_fn(params)` closures for (TPU)Estimator yielding
+`(features, labels)`: features {'input_ids', 'input_mask', 'segment_ids'},
+each [B, S] int32, and labels [B] int32, with B = `params['batch_size']`.
+Nothing is floating point, so `params['precision']` plays no part here; the
+network takes the compute dtype as an argument.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+_ID_KEYS = ('input_ids', 'input_mask', 'segment_ids')
+
+# Token ids of the synthetic task. Real BERT vocabularies put [PAD] at 0 too;
+# the others only need to be distinct from the filler tokens.
+_PAD, _CLS, _SEP, _FIRST_MARKER = 0, 1, 2, 3
+
+
+def _to_int32(tensor):
+  # tf.Example only stores int64, but TPUs only handle int32 well.
+  return tf.cast(tensor, tf.int32)
+
+
+def bert_input_fn_builder(file_pattern, *, seq_length, is_training,
+                          drop_remainder=True, shuffle_buffer=100):
+  """Returns an input_fn reading BERT `run_classifier`-format TFRecords.
+
+  Each record holds `input_ids`, `input_mask`, `segment_ids` (int64
+  [seq_length]) and `label_ids` (int64 scalar); other features (such as
+  `is_real_example`) are ignored.
+
+  Args:
+    file_pattern: glob of TFRecord files.
+    seq_length: sequence length the records were written with.
+    is_training: shuffle and repeat forever when True; read once in order
+      when False.
+    drop_remainder: drop a last partial batch (a TPU needs static shapes;
+      set False only for CPU/GPU prediction over every example).
+    shuffle_buffer: examples in the shuffle buffer while training.
+
+  Returns:
+    `input_fn(params)` -> `tf.data.Dataset` of (features, labels) as the
+    module docstring describes.
+
+  Raises:
+    ValueError: if no file matches `file_pattern`.
+  """
+  if not tf.io.gfile.glob(file_pattern):
+    raise ValueError('No BERT TFRecord files match %r.' % file_pattern)
+  keys = {key: tf.io.FixedLenFeature([seq_length], tf.int64)
+          for key in _ID_KEYS}
+  keys['label_ids'] = tf.io.FixedLenFeature([], tf.int64)
+
+  def parse(record):
+    example = tf.io.parse_single_example(record, keys)
+    features = {key: _to_int32(example[key]) for key in _ID_KEYS}
+    return features, _to_int32(example['label_ids'])
+
+  def input_fn(params):
+    files = tf.data.Dataset.list_files(file_pattern, shuffle=is_training)
+    dataset = files.interleave(
+        tf.data.TFRecordDataset, cycle_length=4,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=not is_training)
+    if is_training:
+      dataset = dataset.shuffle(shuffle_buffer).repeat()
+    dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(params['batch_size'],
+                            drop_remainder=drop_remainder)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+  return input_fn
+
+
+def _synthetic_example(index, *, seed, seq_length, vocab_size, num_labels):
+  """One example of the marker task, from stateless ops.
+
+  The sequence is `[CLS] filler.. [SEP] filler.. [SEP] [PAD]..` with a random
+  length; one filler position (anywhere) holds marker token
+  `_FIRST_MARKER + label`, and the label is which marker it is. Finding one
+  distinctive token is what attention does best, so a tiny BERT learns it in
+  a few hundred steps.
+  """
+  def op_seed(stream):
+    return tf.stack([tf.constant(seed * 4 + stream, tf.int64), index])
+
+  min_length = max(5, seq_length // 4)
+  label = tf.random.stateless_uniform(
+      [], op_seed(0), minval=0, maxval=num_labels, dtype=tf.int32)
+  length = tf.random.stateless_uniform(
+      [], op_seed(1), minval=min_length, maxval=seq_length + 1,
+      dtype=tf.int32)
+  filler = tf.random.stateless_uniform(
+      [seq_length], op_seed(2), minval=_FIRST_MARKER + num_labels,
+      maxval=vocab_size, dtype=tf.int32)
+  # The marker goes anywhere between [CLS] and the final [SEP] except on
+  # the middle [SEP].
+  middle = length // 2
+  marker = tf.random.stateless_uniform(
+      [], op_seed(3), minval=1, maxval=length - 2, dtype=tf.int32)
+  marker = tf.where(marker >= middle, marker + 1, marker)
+
+  # tf.equal, not ==: in graph mode a Tensor's == compares object identity.
+  position = tf.range(seq_length)
+  real = position < length
+  ids = tf.where(real, filler, _PAD)
+  ids = tf.where(tf.equal(position, 0), _CLS, ids)
+  ids = tf.where(
+      tf.equal(position, middle) | tf.equal(position, length - 1), _SEP, ids)
+  ids = tf.where(tf.equal(position, marker), _FIRST_MARKER + label, ids)
+  segments = tf.cast(real & (position > middle), tf.int32)
+  features = {'input_ids': ids, 'input_mask': tf.cast(real, tf.int32),
+              'segment_ids': segments}
+  return features, label
+
+
+def synthetic_bert_input_fn_builder(*, seq_length, vocab_size, num_labels=2,
+                                    seed=0, num_examples=None):
+  """Returns an input_fn of a learnable synthetic classification task.
+
+  Each example is a random-length token sequence (between a quarter of and
+  the full `seq_length`, padded with 0 and masked) in two segments; exactly
+  one token is a class marker (ids 3 .. 3 + num_labels - 1) and the label
+  says which. Filler tokens never collide with markers or [CLS]/[SEP]
+  (ids 1, 2). Generated with stateless ops, so the stream is identical on
+  every run and needs no Python on the input host.
+
+  Args:
+    seq_length: sequence length, at least 8.
+    vocab_size: the model's vocabulary size; ids stay below it.
+    num_labels: number of classes.
+    seed: picks the examples; use different seeds for train and eval.
+    num_examples: None for an endless stream, else that many examples.
+
+  Returns:
+    `input_fn(params)` -> `tf.data.Dataset` of (features, labels) as the
+    module docstring describes.
+
+  Raises:
+    ValueError: if `seq_length` < 8 or the vocabulary leaves fewer than 8
+      filler tokens.
+  """
+  if seq_length < 8:
+    raise ValueError('seq_length must be at least 8, got %d.' % seq_length)
+  if vocab_size < _FIRST_MARKER + num_labels + 8:
+    raise ValueError('vocab_size %d is too small for %d labels; need at '
+                     'least %d.' % (vocab_size, num_labels,
+                                    _FIRST_MARKER + num_labels + 8))
+
+  def input_fn(params):
+    count = num_examples if num_examples is not None else np.iinfo(np.int64).max
+
+    def example(index):
+      return _synthetic_example(index, seed=seed, seq_length=seq_length,
+                                vocab_size=vocab_size, num_labels=num_labels)
+
+    dataset = tf.data.Dataset.range(count).map(
+        example, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(params['batch_size'], drop_remainder=True)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+  return input_fn
+
+
+def write_bert_tfrecord(path, examples):
+  """Writes classification examples as `run_classifier`-format TFRecords.
+
+  Args:
+    path: output file.
+    examples: iterable of dicts with `input_ids`, `input_mask`,
+      `segment_ids` (sequences of ints, all the same length) and `label_ids`
+      (an int). `is_real_example` = 1 is added so BERT's own
+      `run_classifier.py` reads the file too.
+
+  Returns:
+    Number of records written.
+  """
+  count = 0
+  with tf.io.TFRecordWriter(path) as writer:
+    for example in examples:
+      def ints(values):
+        return tf.train.Feature(int64_list=tf.train.Int64List(
+            value=[int(v) for v in values]))
+
+      feature = {key: ints(example[key]) for key in _ID_KEYS}
+      feature['label_ids'] = ints([example['label_ids']])
+      feature['is_real_example'] = ints([1])
+      record = tf.train.Example(features=tf.train.Features(feature=feature))
+      writer.write(record.SerializeToString())
+      count += 1
+  return count

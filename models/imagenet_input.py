@@ -1,0 +1,251 @@
+"""ImageNet-format input pipelines: TFRecords of JPEGs, and a synthetic task.
+
+Both return `input_fn(params)` closures for (TPU)Estimator: `params` carries
+`batch_size` (the Estimator sets it) and `precision` ('float32' by default).
+The image is cast to the compute dtype in the parser, before batching, so a
+bfloat16 run moves half the bytes through the infeed and the network gets
+bfloat16 input with no cast of its own. Labels stay int32 (TPUs have no
+int64 arithmetic worth using).
+
+Batches drop their remainder: a TPU compiles for one static batch shape.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+# Per-channel RGB mean and standard deviation of ImageNet, on a 0..255 scale.
+_MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+_STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+# Eval crops the centre `image_size / (image_size + 32)` of the shorter side,
+# i.e. 224 out of 256, the usual ImageNet evaluation crop.
+_EVAL_CROP_PADDING = 32
+
+
+def _compute_dtype(params):
+  precision = params.get('precision', 'float32')
+  dtypes = {'float32': tf.float32, 'bfloat16': tf.bfloat16}
+  if precision not in dtypes:
+    raise ValueError("params['precision'] must be 'float32' or 'bfloat16', "
+                     'got %r.' % (precision,))
+  return dtypes[precision]
+
+
+def _train_image(encoded, image_size):
+  """Random crop covering 8%..100% of the area, random flip, resize."""
+  shape = tf.image.extract_jpeg_shape(encoded)
+  whole_image = tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4])
+  begin, size, _ = tf.image.sample_distorted_bounding_box(
+      shape, bounding_boxes=whole_image, min_object_covered=0.1,
+      aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0),
+      max_attempts=10, use_image_if_no_bounding_boxes=True)
+  # Decoding only the crop window skips the rest of the JPEG.
+  window = tf.stack([begin[0], begin[1], size[0], size[1]])
+  image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+  image = tf.image.random_flip_left_right(image)
+  return tf.image.resize(image, [image_size, image_size], method='bilinear')
+
+
+def _eval_image(encoded, image_size):
+  """Central square crop of the shorter side (minus padding), resize."""
+  shape = tf.image.extract_jpeg_shape(encoded)
+  height, width = shape[0], shape[1]
+  fraction = image_size / (image_size + _EVAL_CROP_PADDING)
+  crop = tf.cast(fraction * tf.cast(tf.minimum(height, width), tf.float32),
+                 tf.int32)
+  window = tf.stack([(height - crop + 1) // 2, (width - crop + 1) // 2,
+                     crop, crop])
+  image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+  return tf.image.resize(image, [image_size, image_size], method='bilinear')
+
+
+def _normalize(image):
+  # resize returns float32 whatever the input, so this runs in float32.
+  return (image - tf.constant(_MEAN_RGB)) / tf.constant(_STDDEV_RGB)
+
+
+def imagenet_input_fn_builder(file_pattern, *, is_training, image_size,
+                              num_classes, label_offset=1,
+                              num_parallel_calls=tf.data.AUTOTUNE,
+                              shuffle_buffer=1024, cache=False):
+  """Returns an input_fn reading ImageNet-format TFRecords.
+
+  Each record is a tf.Example with `image/encoded` (JPEG bytes) and
+  `image/class/label` (int64). Training takes a random crop (8%..100% of the
+  area, aspect 3/4..4/3), flips at random and resizes; evaluation takes the
+  central crop and resizes. Pixels are normalised with the ImageNet mean and
+  standard deviation.
+
+  Args:
+    file_pattern: glob of TFRecord files, e.g. 'gs://bucket/train-*'.
+    is_training: shuffle, augment and repeat forever when True; read once in
+      order with the central crop when False.
+    image_size: output height and width.
+    num_classes: number of classes; labels outside [0, num_classes) after
+      the offset fail at run time with the offending value.
+    label_offset: subtracted from the stored label. The ImageNet TFRecords
+      made by the Cloud TPU scripts (`imagenet_to_gcs.py`) store labels
+      1..1000, keeping 0 for "background"; the default of 1 maps them to
+      0..999. Use 0 for files with 0-based labels.
+    num_parallel_calls: parallelism of the JPEG decoding map.
+    shuffle_buffer: examples in the shuffle buffer while training.
+    cache: keep the serialised records in memory after the first epoch
+      (only for datasets that fit).
+
+  Returns:
+    `input_fn(params)` -> `tf.data.Dataset` of `({'image': [B, S, S, 3]},
+    labels [B] int32)`, with B = `params['batch_size']` and the image in
+    float32 or bfloat16 per `params.get('precision', 'float32')`.
+
+  Raises:
+    ValueError: if no file matches `file_pattern`.
+  """
+  if not tf.io.gfile.glob(file_pattern):
+    raise ValueError('No ImageNet TFRecord files match %r.' % file_pattern)
+  keys = {
+      'image/encoded': tf.io.FixedLenFeature([], tf.string),
+      'image/class/label': tf.io.FixedLenFeature([], tf.int64),
+  }
+
+  def input_fn(params):
+    dtype = _compute_dtype(params)
+
+    def parse(record):
+      example = tf.io.parse_single_example(record, keys)
+      encoded = example['image/encoded']
+      if is_training:
+        image = _train_image(encoded, image_size)
+      else:
+        image = _eval_image(encoded, image_size)
+      image = tf.cast(_normalize(image), dtype)
+      image.set_shape([image_size, image_size, 3])
+      # int64 is all tf.Example stores; TPUs want int32.
+      label = tf.cast(example['image/class/label'], tf.int32) - label_offset
+      # A wrong label_offset would otherwise surface as a NaN loss or a
+      # silent gather error far from its cause.
+      in_range = tf.logical_and(label >= 0, label < num_classes)
+      check = tf.debugging.Assert(in_range, [
+          'label - label_offset (%d) outside [0, %d):' % (label_offset,
+                                                          num_classes),
+          label])
+      with tf.control_dependencies([check]):
+        label = tf.identity(label)
+      return {'image': image}, label
+
+    files = tf.data.Dataset.list_files(file_pattern, shuffle=is_training)
+    dataset = files.interleave(
+        tf.data.TFRecordDataset, cycle_length=4,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=not is_training)
+    if cache:
+      dataset = dataset.cache()
+    if is_training:
+      dataset = dataset.shuffle(shuffle_buffer).repeat()
+    dataset = dataset.map(parse, num_parallel_calls=num_parallel_calls)
+    dataset = dataset.batch(params['batch_size'], drop_remainder=True)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+  return input_fn
+
+
+def synthetic_imagenet_input_fn_builder(*, image_size, num_classes, seed=0,
+                                        learnable=True, task_seed=0,
+                                        noise_stddev=0.5, num_examples=None):
+  """Returns an input_fn of generated images whose label the image shows.
+
+  With `learnable=True` each class has a fixed random 8x8 RGB pattern; an
+  example is its class pattern upsampled to `image_size` plus Gaussian
+  noise, so a network can learn the task and the loss goes down. With
+  `learnable=False` images are pure noise and labels random: only for
+  throughput runs. Everything is computed with stateless TensorFlow ops (no
+  Python generator, which a Cloud TPU host could not run), so the stream is
+  the same on every run.
+
+  Args:
+    image_size: output height and width.
+    num_classes: number of classes.
+    seed: picks the examples; use different seeds for train and eval.
+    learnable: see above.
+    task_seed: picks the class patterns; keep it equal for train and eval so
+      both see the same task.
+    noise_stddev: standard deviation of the noise (patterns have unit
+      standard deviation).
+    num_examples: None for an endless stream, else that many examples.
+
+  Returns:
+    `input_fn(params)` -> `tf.data.Dataset` of `({'image': [B, S, S, 3]},
+    labels [B] int32)` in the dtype `params.get('precision', 'float32')`
+    names, B = `params['batch_size']`.
+  """
+  patterns = np.random.RandomState(task_seed).normal(
+      size=(num_classes, 8, 8, 3)).astype(np.float32)
+
+  def input_fn(params):
+    dtype = _compute_dtype(params)
+    pattern_table = tf.constant(patterns)
+
+    def example(index):
+      def op_seed(stream):
+        # One independent stateless stream per (seed, draw, example).
+        return tf.stack([tf.constant(seed * 2 + stream, tf.int64), index])
+
+      label = tf.random.stateless_uniform(
+          [], op_seed(0), minval=0, maxval=num_classes, dtype=tf.int32)
+      noise = tf.random.stateless_normal([image_size, image_size, 3],
+                                         op_seed(1))
+      if not learnable:
+        return {'image': tf.cast(noise, dtype)}, label
+      pattern = tf.image.resize(tf.gather(pattern_table, label)[None],
+                                [image_size, image_size], method='bilinear')
+      image = pattern[0] + noise_stddev * noise
+      return {'image': tf.cast(image, dtype)}, label
+
+    count = num_examples if num_examples is not None else np.iinfo(np.int64).max
+    dataset = tf.data.Dataset.range(count).map(
+        example, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(params['batch_size'], drop_remainder=True)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+  return input_fn
+
+
+def _encode_jpegs(images):
+  # A private graph and session, so this works whether or not the caller
+  # runs eagerly (the tests run in graph mode).
+  with tf.Graph().as_default():
+    placeholder = tf.compat.v1.placeholder(tf.uint8, [None, None, 3])
+    encode = tf.io.encode_jpeg(placeholder, quality=95)
+    with tf.compat.v1.Session() as session:
+      return [session.run(encode, {placeholder: image}) for image in images]
+
+
+def write_imagenet_tfrecord(path, images_uint8, labels):
+  """Writes images and labels as ImageNet-format TFRecords.
+
+  Args:
+    path: output file.
+    images_uint8: sequence of [H, W, 3] uint8 arrays (sizes may differ).
+    labels: sequence of ints, stored as given (1-based for the ImageNet
+      convention that `label_offset=1` expects).
+  """
+  if len(images_uint8) != len(labels):
+    raise ValueError('Got %d images but %d labels.' %
+                     (len(images_uint8), len(labels)))
+  encoded = _encode_jpegs([np.asarray(image, np.uint8)
+                           for image in images_uint8])
+  with tf.io.TFRecordWriter(path) as writer:
+    for data, image, label in zip(encoded, images_uint8, labels):
+      height, width = np.shape(image)[:2]
+
+      def ints(value):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+      def raw(value):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+      example = tf.train.Example(features=tf.train.Features(feature={
+          'image/encoded': raw(data),
+          'image/format': raw(b'JPEG'),
+          'image/class/label': ints(int(label)),
+          'image/height': ints(int(height)),
+          'image/width': ints(int(width)),
+      }))
+      writer.write(example.SerializeToString())
