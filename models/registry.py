@@ -1,0 +1,242 @@
+"""Model families by name: defaults, data sets and how to build each run.
+
+`DEFAULTS[name]` holds every per-model default the CLI falls back to when a
+flag is left unset, and `DATASET_DEFAULTS[dataset]` the sizes a real data
+set implies (they win over the family's); `DATASETS[name]` lists the data
+sets a family reads, the built-in one (needs no `--data_dir`) first.
+`build(options)` returns the model_fn, input fns and serving input fn of
+one run.
+"""
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import tensorflow as tf
+
+import estimator_bf16 as eb
+from models import bert
+from models import bert_input
+from models import digits
+from models import head
+from models import imagenet_input
+from models import mnist
+from models import mnist_input
+from models import resnet
+
+MODELS = ('resnet', 'mnist_mlp', 'mnist_cnn', 'bert')
+
+# The first data set of each family is built in (no --data_dir needed).
+DATASETS = {
+    'mnist_mlp': ('digits', 'mnist'),
+    'mnist_cnn': ('digits', 'mnist'),
+    'resnet': ('synthetic', 'imagenet'),
+    'bert': ('synthetic', 'run_classifier'),
+}
+
+# Small enough that every family trains from a fresh clone on a laptop CPU;
+# a real run overrides them with flags.
+_MNIST_DEFAULTS = dict(
+    optimizer='adam', learning_rate=1e-3, weight_decay=0.0, warmup_steps=0,
+    train_steps=300, train_batch_size=64, eval_batch_size=120,
+    image_size=28, num_classes=10)
+DEFAULTS = {
+    'mnist_mlp': _MNIST_DEFAULTS,
+    'mnist_cnn': _MNIST_DEFAULTS,
+    # ResNet-18 on 32x32 synthetic images; ImageNet runs pass
+    # --resnet_depth=50 --image_size=224 --num_classes=1000.
+    'resnet': dict(
+        optimizer='momentum', learning_rate=0.01, weight_decay=1e-4,
+        warmup_steps=0, train_steps=20, train_batch_size=8,
+        eval_batch_size=8, resnet_depth=18, image_size=32,
+        num_classes=10),
+    # BERT-tiny on a synthetic pair task; AdamW with BERT's decay, linear
+    # decay to 0 over train_steps and a 10% warm-up (`default_warmup_steps`).
+    'bert': dict(
+        optimizer='adamw', learning_rate=1e-3, weight_decay=0.01,
+        train_steps=60, train_batch_size=16, eval_batch_size=16,
+        bert_preset='tiny', seq_length=64, num_classes=2,
+        vocab_size=1000),
+}
+# What a data set implies. Synthetic streams never end, so eval needs a
+# step count; a real set implies real sizes, while optimisation flags
+# (learning rate, steps, batch) keep the family's small defaults: pass them
+# for a real run.
+DATASET_DEFAULTS = {
+    'synthetic': dict(eval_steps=4),
+    'imagenet': dict(resnet_depth=50, image_size=224, num_classes=1000),
+    'run_classifier': dict(bert_preset='base', seq_length=128,
+                           vocab_size=30522),
+}
+
+def default_warmup_steps(model, train_steps):
+  """Warm-up when --warmup_steps is unset: BERT's 10%, none elsewhere."""
+  return DEFAULTS[model].get('warmup_steps', train_steps // 10)
+
+
+_REAL_DATA_FILES = {
+    # (train pattern, eval pattern) inside --data_dir.
+    'mnist': ('train.tfrecords', 'test.tfrecords'),
+    'imagenet': ('train-*', 'validation-*'),
+    'run_classifier': ('train.tf_record', 'eval.tf_record'),
+}
+# Examples the eval split yields once through; None: synthetic data never
+# ends, and run_classifier files vary, so --eval_steps decides.
+_EVAL_EXAMPLES = {'digits': digits.NUM_TEST, 'mnist': 10000, 'imagenet': 50000}
+
+
+def eval_examples(dataset):
+  """Returns the size of a data set's eval split, or None if unknown."""
+  return _EVAL_EXAMPLES.get(dataset)
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """What `training.run` needs for one model, data set and precision.
+
+  Attributes:
+    model_fn: legacy `model_fn(features, labels, mode, params, config)`.
+    train_input_fn: `input_fn(params)`, endless.
+    eval_input_fn: `input_fn(params)`.
+    serving_input_fn: a `ServingInputReceiver` fn with float32 images or
+      int32 ids, whatever the precision.
+    config: the network config, for logs.
+  """
+  model_fn: Callable
+  train_input_fn: Callable
+  eval_input_fn: Callable
+  serving_input_fn: Callable
+  config: Any
+
+
+def data_files(dataset, data_dir):
+  """Returns (train pattern, eval pattern) of a real data set in data_dir."""
+  train, evaluation = _REAL_DATA_FILES[dataset]
+  return os.path.join(data_dir, train), os.path.join(data_dir, evaluation)
+
+
+def image_serving_input_fn(image_size, channels):
+  """Returns a serving input fn taking float32 [None, size, size, channels].
+
+  Serving clients send float32 whatever the training precision: the wrapped
+  model_fn casts to bfloat16 inside the graph.
+  """
+
+  def serving_input_fn():
+    image = tf.compat.v1.placeholder(
+        tf.float32, [None, image_size, image_size, channels], name='image')
+    return tf.estimator.export.ServingInputReceiver({'image': image},
+                                                    {'image': image})
+
+  return serving_input_fn
+
+
+def ids_serving_input_fn(seq_length):
+  """Returns a serving input fn taking int32 BERT ids, mask and segments."""
+
+  def serving_input_fn():
+    # int32: what TPUs take, and ids must never be cast to a float type.
+    features = {key: tf.compat.v1.placeholder(tf.int32, [None, seq_length],
+                                              name=key)
+                for key in ('input_ids', 'input_mask', 'segment_ids')}
+    return tf.estimator.export.ServingInputReceiver(features, features)
+
+  return serving_input_fn
+
+
+def _head(options, network_fn_builder, **kwargs):
+  return head.classifier_model_fn_builder(
+      network_fn_builder, num_classes=options.num_classes,
+      optimizer=options.optimizer, learning_rate=options.learning_rate,
+      weight_decay=options.weight_decay, warmup_steps=options.warmup_steps,
+      summary_dir=options.model_dir, **kwargs)
+
+
+def _mnist(options):
+  config = mnist.MnistConfig(image_size=options.image_size,
+                             num_classes=options.num_classes)
+  network = mnist.mnist_mlp if options.model == 'mnist_mlp' else mnist.mnist_cnn
+  if options.dataset == 'digits':
+    data_dir = digits.ensure_digits()
+  else:
+    data_dir = options.data_dir
+  train_files, eval_files = mnist_input.data_files(data_dir)
+  return Model(
+      model_fn=_head(options, lambda params: network(config)),
+      train_input_fn=mnist_input.mnist_input_fn_builder(
+          train_files, is_training=True, image_size=options.image_size,
+          seed=options.seed),
+      eval_input_fn=mnist_input.mnist_input_fn_builder(
+          eval_files, is_training=False, image_size=options.image_size),
+      serving_input_fn=image_serving_input_fn(options.image_size, 1),
+      config=config)
+
+
+def _resnet(options):
+  config = resnet.ResNetConfig(depth=options.resnet_depth,
+                               num_classes=options.num_classes,
+                               image_size=options.image_size)
+  if options.dataset == 'synthetic':
+    train_fn = imagenet_input.synthetic_imagenet_input_fn_builder(
+        image_size=options.image_size, num_classes=options.num_classes,
+        seed=options.seed)
+    eval_fn = imagenet_input.synthetic_imagenet_input_fn_builder(
+        image_size=options.image_size, num_classes=options.num_classes,
+        seed=options.seed + 1)
+  else:
+    train_files, eval_files = data_files('imagenet', options.data_dir)
+    builder = imagenet_input.imagenet_input_fn_builder
+    train_fn = builder(train_files, is_training=True,
+                       image_size=options.image_size,
+                       num_classes=options.num_classes)
+    eval_fn = builder(eval_files, is_training=False,
+                      image_size=options.image_size,
+                      num_classes=options.num_classes)
+  # Top-5 is the ImageNet habit; it says nothing with 5 classes or fewer.
+  top_k = 5 if options.num_classes > 5 else None
+  return Model(
+      model_fn=_head(options, lambda params: resnet.resnet_v1(config),
+                     top_k=top_k),
+      train_input_fn=train_fn, eval_input_fn=eval_fn,
+      serving_input_fn=image_serving_input_fn(options.image_size, 3),
+      config=config)
+
+
+def _bert(options):
+  config = bert.BertConfig.preset(options.bert_preset,
+                                  vocab_size=options.vocab_size)
+  if options.dataset == 'synthetic':
+    train_fn = bert_input.synthetic_bert_input_fn_builder(
+        seq_length=options.seq_length, vocab_size=options.vocab_size,
+        num_labels=options.num_classes, seed=options.seed)
+    eval_fn = bert_input.synthetic_bert_input_fn_builder(
+        seq_length=options.seq_length, vocab_size=options.vocab_size,
+        num_labels=options.num_classes, seed=options.seed + 1)
+  else:
+    train_files, eval_files = data_files('run_classifier', options.data_dir)
+    train_fn = bert_input.bert_input_fn_builder(
+        train_files, seq_length=options.seq_length, is_training=True)
+    eval_fn = bert_input.bert_input_fn_builder(
+        eval_files, seq_length=options.seq_length, is_training=False)
+
+  def network_fn_builder(params):
+    # BERT asks for its variables in an explicit dtype, so it reads the
+    # precision the wrapper put in params.
+    dtype = eb.compute_dtype(params.get('precision', 'float32'))
+    return bert.bert_classifier(config, options.num_classes, dtype)
+
+  return Model(
+      model_fn=_head(options, network_fn_builder, feature_key=None,
+                     clip_norm=1.0, decay_steps=options.train_steps),
+      train_input_fn=train_fn, eval_input_fn=eval_fn,
+      serving_input_fn=ids_serving_input_fn(options.seq_length),
+      config=config)
+
+
+_BUILDERS = {'mnist_mlp': _mnist, 'mnist_cnn': _mnist, 'resnet': _resnet,
+             'bert': _bert}
+
+
+def build(options):
+  """Returns the `Model` of a resolved, validated `training.TrainOptions`."""
+  return _BUILDERS[options.model](options)

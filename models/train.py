@@ -1,0 +1,108 @@
+r"""Trains, evaluates and exports a reference model in float32 or bfloat16.
+
+    python -m models.train --model=mnist_mlp --precision=bfloat16 \
+        --model_dir=runs/mnist_bf16
+
+Without --data_dir each model reads built-in data (scikit-learn's digits for
+the MNIST nets, synthetic data for ResNet and BERT) at small default sizes.
+On a Cloud TPU add --use_tpu --tpu=NAME and a gs:// --model_dir/--data_dir;
+the code is the same. The loop lives in `models/training.py`; the per-model
+defaults of unset flags in `models/registry.py` (`DEFAULTS`).
+"""
+
+import dataclasses
+import json
+
+from absl import app
+from absl import flags
+
+import estimator_bf16 as eb
+from models import bert
+from models import optimization
+from models import registry
+from models import training
+
+
+def define_flags(flag_values=flags.FLAGS):
+  """Defines the flags of this program on `flag_values` (call once)."""
+  f = flag_values
+
+  def string(name, default, help_text):
+    flags.DEFINE_string(name, default, help_text, flag_values=f)
+
+  def integer(name, default, help_text, lower_bound=1):
+    flags.DEFINE_integer(name, default, help_text, lower_bound=lower_bound,
+                         flag_values=f)
+
+  flags.DEFINE_enum('model', None, registry.MODELS, 'Model family.',
+                    flag_values=f)
+  flags.DEFINE_enum('precision', 'float32', eb.PRECISIONS,
+                    'Compute precision; variables stay float32 either way.',
+                    flag_values=f)
+  string('model_dir', None, 'Checkpoints, summaries and the export.')
+  string('data_dir', None, 'TFRecords of a real data set; unset: built-in '
+         'data (digits or synthetic).')
+  string('dataset', None, 'One of registry.DATASETS[model]; unset: the real '
+         'one with --data_dir, else the built-in one.')
+  integer('train_steps', None, 'Training steps (global, not per core).')
+  integer('eval_steps', None, 'Eval batches; unset: the whole eval split.')
+  integer('train_batch_size', None, 'Global training batch.')
+  integer('eval_batch_size', None, 'Global eval batch.')
+  integer('save_checkpoints_steps', None, 'Checkpoint every N steps.')
+  integer('keep_checkpoint_max', 5, 'Checkpoints kept.')
+  flags.DEFINE_bool('use_tpu', False, 'Run on a Cloud TPU.', flag_values=f)
+  string('tpu', None, "TPU name or address ('local' on a TPU VM).")
+  string('tpu_zone', None, 'GCE zone of the TPU.')
+  string('gcp_project', None, 'GCP project of the TPU.')
+  integer('iterations_per_loop', 100, 'Steps per TPU loop.')
+  integer('num_shards', None, 'TPU cores (8 on a v2-8 or v3-8).')
+  flags.DEFINE_enum('optimizer', None, optimization.OPTIMIZERS,
+                    'Optimizer; unset: the model default.', flag_values=f)
+  flags.DEFINE_float('learning_rate', None, 'Peak learning rate.',
+                     flag_values=f)
+  flags.DEFINE_float('weight_decay', None, 'L2 coefficient (AdamW: decay '
+                     'rate).', flag_values=f)
+  integer('warmup_steps', None, 'Linear warm-up steps.', lower_bound=0)
+  integer('resnet_depth', None, 'ResNet depth: 18, 34, 50, 101 or 152.')
+  integer('image_size', None, 'Square image side.')
+  integer('num_classes', None, 'Classes (BERT: labels).')
+  flags.DEFINE_enum('bert_preset', None, bert.PRESETS, 'BERT size preset.',
+                    flag_values=f)
+  integer('seq_length', None, 'BERT sequence length.')
+  integer('vocab_size', None, 'BERT vocabulary size.')
+  integer('seed', 0, 'Seed of initialisation and data order.', lower_bound=0)
+  integer('log_every_steps', 100, 'Log the step and examples/sec this often.')
+  flags.DEFINE_bool('export', True, 'Export a float32 SavedModel.',
+                    flag_values=f)
+  flags.mark_flags_as_required(['model', 'model_dir'], flag_values=f)
+
+
+def options_from_flags(flag_values=flags.FLAGS):
+  """Returns the `training.TrainOptions` the parsed flags describe."""
+  names = [field.name for field in dataclasses.fields(training.TrainOptions)]
+  return training.TrainOptions(**{name: flag_values[name].value
+                                   for name in names})
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError('Unexpected arguments: %s' % ' '.join(argv[1:]))
+  try:
+    # Checks every option before TensorFlow builds anything.
+    options = training.prepare(options_from_flags())
+  except training.OptionError as e:
+    raise app.UsageError(str(e)) from e
+  result = training.run(options)
+  print(json.dumps({key: result[key] for key in
+                    ('eval', 'examples_per_sec', 'train_seconds',
+                     'export_dir')}, indent=2, sort_keys=True))
+
+
+def run(argv=None):
+  """Console entry point (`estimator-bf16-train`)."""
+  define_flags()
+  app.run(main, argv=argv)
+
+
+if __name__ == '__main__':
+  run()

@@ -1,0 +1,328 @@
+"""The train / evaluate / export loop behind `python -m models.train`.
+
+`TrainOptions` mirrors the CLI flags one to one, so tests and the demo call
+`run(TrainOptions(...))` without flags. Unset (None) fields take the model's
+defaults from `registry.DEFAULTS`; `prepare` fills them in and checks every
+option before any graph is built, naming the flag at fault.
+"""
+
+import dataclasses
+import os
+import time
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+import estimator_bf16 as eb
+from models import bert
+from models import optimization
+from models import registry
+from models import resnet
+
+_MAX_SEQ_LENGTH = 512  # BERT's position table
+_TPU_CORES = 8  # one v2-8 / v3-8 board
+
+
+class OptionError(ValueError):
+  """A bad option; `flag` is the CLI flag to fix, e.g. '--data_dir'."""
+
+  def __init__(self, flag, message):
+    super().__init__('%s: %s' % (flag, message))
+    self.flag = flag
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+  """One training run; each field is the CLI flag of the same name.
+
+  None means "the model's default" (`registry.DEFAULTS`), except for
+  `data_dir` (None: the built-in data), `eval_steps` (None: the whole eval
+  split when its size is known) and the TPU fields.
+  """
+  model: str
+  model_dir: str
+  precision: str = 'float32'
+  data_dir: Optional[str] = None
+  dataset: Optional[str] = None  # None: the real set if data_dir, else built-in
+  train_steps: Optional[int] = None
+  eval_steps: Optional[int] = None
+  train_batch_size: Optional[int] = None  # global: all cores together
+  eval_batch_size: Optional[int] = None
+  save_checkpoints_steps: Optional[int] = None
+  keep_checkpoint_max: int = 5
+  use_tpu: bool = False
+  tpu: Optional[str] = None
+  tpu_zone: Optional[str] = None
+  gcp_project: Optional[str] = None
+  iterations_per_loop: int = 100
+  num_shards: Optional[int] = None  # None: 8 on a TPU
+  optimizer: Optional[str] = None
+  learning_rate: Optional[float] = None
+  weight_decay: Optional[float] = None
+  warmup_steps: Optional[int] = None
+  resnet_depth: Optional[int] = None
+  image_size: Optional[int] = None
+  num_classes: Optional[int] = None
+  bert_preset: Optional[str] = None
+  seq_length: Optional[int] = None
+  vocab_size: Optional[int] = None
+  seed: int = 0
+  log_every_steps: int = 100
+  export: bool = True
+
+
+def _check(condition, flag, message, *args):
+  if not condition:
+    raise OptionError(flag, message % args)
+
+
+def _positive(options, *names):
+  for name in names:
+    value = getattr(options, name)
+    _check(value is None or (isinstance(value, int) and value > 0),
+           '--' + name, 'must be a positive integer, got %r.', value)
+
+
+def _resolve(options):
+  """Fills unset fields from the data set's, then the model's defaults."""
+  if options.dataset is None:
+    datasets = registry.DATASETS[options.model]
+    options = dataclasses.replace(
+        options, dataset=datasets[1] if options.data_dir else datasets[0])
+  defaults = dict(registry.DEFAULTS[options.model])
+  defaults.update(registry.DATASET_DEFAULTS.get(options.dataset, {}))
+  options = dataclasses.replace(options, **{
+      name: value for name, value in defaults.items()
+      if getattr(options, name) is None})
+  if options.warmup_steps is None and options.train_steps:
+    options = dataclasses.replace(options, warmup_steps=(
+        registry.default_warmup_steps(options.model, options.train_steps)))
+  return options
+
+
+def _check_data(options):
+  datasets = registry.DATASETS[options.model]
+  _check(options.dataset in datasets, '--dataset',
+         '--model=%s reads one of %s, got %r.', options.model,
+         ', '.join(datasets), options.dataset)
+  builtin = options.dataset == datasets[0]
+  if builtin:
+    _check(not options.data_dir, '--data_dir',
+           '--dataset=%s is built in and reads no --data_dir; drop one.',
+           options.dataset)
+    # The generated digits sit in a local cache that TPU hosts cannot read.
+    _check(not (options.use_tpu and options.dataset == 'digits' and
+                options.tpu != 'local'), '--data_dir',
+           'a Cloud TPU reads data from gs://: write the digits with '
+           '`python -m models.digits --out_dir=gs://...` and pass that '
+           'directory.')
+    return
+  _check(options.data_dir, '--data_dir', '--dataset=%s is a real data set '
+         'and needs --data_dir (the directory holding its TFRecords).',
+         options.dataset)
+  for pattern in registry.data_files(options.dataset, options.data_dir):
+    _check(tf.io.gfile.glob(pattern), '--data_dir', 'no files match %s.',
+           pattern)
+
+
+def _check_model_sizes(options):
+  _check(options.num_classes >= 2, '--num_classes', 'must be >= 2, got %r.',
+         options.num_classes)
+  if options.model == 'resnet':
+    _check(options.resnet_depth in resnet.DEPTHS, '--resnet_depth',
+           'must be one of %s, got %r.', resnet.DEPTHS, options.resnet_depth)
+    _check(options.image_size >= 32, '--image_size',
+           'ResNet needs images of at least 32x32, got %r.',
+           options.image_size)
+  elif options.model == 'bert':
+    _check(options.bert_preset in bert.PRESETS, '--bert_preset',
+           'must be one of %s, got %r.', ', '.join(bert.PRESETS),
+           options.bert_preset)
+    # The synthetic task (models/bert_input.py) needs 8 tokens per sequence
+    # and ids for [PAD], [CLS], [SEP], one marker per class and 8 fillers.
+    shortest = 8 if options.dataset == 'synthetic' else 2
+    _check(shortest <= options.seq_length <= _MAX_SEQ_LENGTH, '--seq_length',
+           'must be in %d..%d, got %r.', shortest, _MAX_SEQ_LENGTH,
+           options.seq_length)
+    smallest = options.num_classes + 11 if options.dataset == 'synthetic' else 2
+    _check(options.vocab_size >= smallest, '--vocab_size',
+           'must be >= %d here, got %r.', smallest, options.vocab_size)
+  elif options.dataset == 'digits':
+    _check(options.image_size == 28, '--image_size',
+           'the built-in digits are 28x28, got %r.', options.image_size)
+
+
+def _check_shards(options):
+  shards = options.num_shards or (_TPU_CORES if options.use_tpu else None)
+  if not shards:
+    return
+  for name in ('train_batch_size', 'eval_batch_size'):
+    batch = getattr(options, name)
+    _check(batch % shards == 0, '--' + name, '%d is not divisible by the %d '
+           'shards (--num_shards): every TPU core gets the same batch.',
+           batch, shards)
+
+
+def _check_eval_steps(options):
+  if options.eval_steps is not None:
+    return options
+  examples = registry.eval_examples(options.dataset)
+  if examples is None:
+    # Unknown size: the Estimator reads to the end, which TPUs cannot do.
+    _check(not options.use_tpu, '--eval_steps',
+           'must be set for --dataset=%s on a TPU.', options.dataset)
+    return options
+  steps = examples // options.eval_batch_size
+  _check(steps > 0, '--eval_batch_size', '%d exceeds the %d eval examples.',
+         options.eval_batch_size, examples)
+  return dataclasses.replace(options, eval_steps=steps)
+
+
+def prepare(options):
+  """Returns `options` with defaults filled in, after checking them all.
+
+  Args:
+    options: a `TrainOptions`.
+
+  Returns:
+    A `TrainOptions` with no unset model defaults.
+
+  Raises:
+    OptionError: naming the flag of the first bad option.
+  """
+  _check(options.model in registry.MODELS, '--model', 'must be one of %s, '
+         'got %r.', ', '.join(registry.MODELS), options.model)
+  _check(options.precision in eb.PRECISIONS, '--precision', 'must be one of '
+         '%s, got %r.', ', '.join(eb.PRECISIONS), options.precision)
+  _check(options.model_dir, '--model_dir', 'is required (checkpoints, '
+         'summaries and the export go there).')
+  options = _resolve(options)
+  _check(options.optimizer in optimization.OPTIMIZERS, '--optimizer',
+         'must be one of %s, got %r.', ', '.join(optimization.OPTIMIZERS),
+         options.optimizer)
+  _positive(options, 'train_steps', 'eval_steps', 'train_batch_size',
+            'eval_batch_size', 'save_checkpoints_steps', 'keep_checkpoint_max',
+            'iterations_per_loop', 'num_shards', 'log_every_steps')
+  _check(options.learning_rate > 0, '--learning_rate', 'must be > 0, got %r.',
+         options.learning_rate)
+  _check(options.weight_decay >= 0, '--weight_decay', 'must be >= 0, got %r.',
+         options.weight_decay)
+  _check(options.warmup_steps >= 0, '--warmup_steps', 'must be >= 0, got %r.',
+         options.warmup_steps)
+  _check(not options.use_tpu or options.tpu, '--tpu', '--use_tpu needs the '
+         "TPU's name or address (or 'local' on a TPU VM).")
+  _check_data(options)
+  _check_model_sizes(options)
+  _check_shards(options)
+  return _check_eval_steps(options)
+
+
+class ThroughputHook(tf.compat.v1.train.SessionRunHook):
+  """Logs the step and examples/sec, and keeps the steady-state rate.
+
+  It fetches the global step with each `run` call, so it counts correctly on
+  a TPU too, where one call runs `iterations_per_loop` steps.
+
+  Attributes:
+    examples_per_sec: float, over the calls after the first `warmup_calls`
+      (graph optimisation and memory tracing happen there); None until
+      measured.
+  """
+
+  def __init__(self, batch_size, log_every_steps=100, warmup_calls=5):
+    self._batch_size = batch_size
+    self._log_every = log_every_steps
+    self._warmup_calls = warmup_calls
+    self.examples_per_sec = None
+
+  def begin(self):
+    self._global_step = tf.compat.v1.train.get_global_step()
+    self._calls = 0
+    self._start = None  # (step, time) once warmed up
+    self._last_log = None
+
+  def before_run(self, run_context):
+    # Read alongside the train op: it may see the step before or after the
+    # increment, but consistently, so differences between calls are exact.
+    return tf.compat.v1.train.SessionRunArgs(self._global_step)
+
+  def after_run(self, run_context, run_values):
+    now = time.perf_counter()
+    step = int(run_values.results)
+    self._calls += 1
+    if self._calls == self._warmup_calls:
+      self._start = self._last_log = (step, now)
+    elif self._start and step > self._start[0]:
+      self.examples_per_sec = (self._batch_size * (step - self._start[0]) /
+                               (now - self._start[1]))
+      if step - self._last_log[0] >= self._log_every:
+        rate = (self._batch_size * (step - self._last_log[0]) /
+                (now - self._last_log[1]))
+        logging.info('step %d: %.1f examples/sec', step, rate)
+        self._last_log = (step, now)
+
+
+def _as_python(metrics):
+  return {key: value.item() if hasattr(value, 'item') else value
+          for key, value in metrics.items()}
+
+
+def run(options, hooks=()):
+  """Trains, evaluates and exports one model.
+
+  Args:
+    options: a `TrainOptions` (checked by `prepare` first).
+    hooks: extra training `SessionRunHook`s, e.g. a `PeakMemoryHook`.
+
+  Returns:
+    dict with 'options' (the resolved options as a dict), 'train_seconds',
+    'examples_per_sec' (steady state; None if training was already done),
+    'eval' (the Estimator's eval results, Python numbers), and
+    'export_dir' (str, or None without `options.export`).
+
+  Raises:
+    OptionError: for bad options, before any graph is built.
+  """
+  options = prepare(options)
+  model = registry.build(options)
+  logging.info('Training %s in %s on %s: %s', options.model,
+               options.precision, options.dataset, model.config)
+  estimator = eb.make_tpu_estimator(
+      model.model_fn, model_dir=options.model_dir,
+      precision=options.precision, use_tpu=options.use_tpu, tpu=options.tpu,
+      tpu_zone=options.tpu_zone, gcp_project=options.gcp_project,
+      train_batch_size=options.train_batch_size,
+      eval_batch_size=options.eval_batch_size,
+      predict_batch_size=options.eval_batch_size,
+      # On a CPU each session.run is one step; TPUEstimator would still
+      # divide its logging interval by iterations_per_loop and log (and
+      # write examples/sec summaries) every step.
+      iterations_per_loop=(options.iterations_per_loop if options.use_tpu
+                           else 1),
+      num_shards=options.num_shards,
+      save_checkpoints_steps=options.save_checkpoints_steps,
+      keep_checkpoint_max=options.keep_checkpoint_max,
+      log_step_count_steps=options.log_every_steps,
+      tf_random_seed=options.seed)
+  throughput = ThroughputHook(options.train_batch_size,
+                              options.log_every_steps)
+  start = time.perf_counter()
+  estimator.train(model.train_input_fn, max_steps=options.train_steps,
+                  hooks=[throughput] + list(hooks))
+  train_seconds = time.perf_counter() - start
+  metrics = estimator.evaluate(model.eval_input_fn, steps=options.eval_steps)
+  logging.info('Eval after %d steps: %s', metrics['global_step'], metrics)
+  export_dir = None
+  if options.export:
+    export_dir = estimator.export_saved_model(
+        os.path.join(options.model_dir, 'export'), model.serving_input_fn)
+    export_dir = export_dir.decode() if isinstance(export_dir, bytes) else (
+        export_dir)
+  return {
+      'options': dataclasses.asdict(options),
+      'train_seconds': train_seconds,
+      'examples_per_sec': throughput.examples_per_sec,
+      'eval': _as_python(metrics),
+      'export_dir': export_dir,
+  }
