@@ -28,6 +28,8 @@ package keeps float32 master weights anyway (see `bfloat16_scope`).
 
 import tensorflow as tf
 
+from estimator_bf16 import dense_update
+
 # Names under which `get_slot(var, name)` finds the optimizer state.
 SLOT_ROW = 'v_row'  # Factored variables: mean squared gradient of each row.
 SLOT_COL = 'v_col'  # Factored variables: mean squared gradient of each column.
@@ -42,7 +44,7 @@ def _rms(x):
   return tf.sqrt(tf.reduce_mean(tf.square(x)))
 
 
-class AdafactorOptimizer(tf.compat.v1.train.Optimizer):
+class AdafactorOptimizer(dense_update.DenseUpdateOptimizer):
   """Adafactor for tf.compat.v1 graph-mode training (TPUEstimator, Estimator).
 
   Works as is under `tf.compat.v1.tpu.CrossShardOptimizer`: it implements the
@@ -240,34 +242,6 @@ class AdafactorOptimizer(tf.compat.v1.train.Optimizer):
 
   def _assign(self, ref, value):
     return tf.compat.v1.assign(ref, value, use_locking=self._use_locking)
-
-  def _apply_dense(self, grad, var):
-    return self._update(grad, var)
-
-  def _resource_apply_dense(self, grad, handle):
-    # The v1 Optimizer passes the ResourceVariable itself as `handle`, which
-    # is what get_slot() is keyed on.
-    return self._update(grad, handle)
-
-  # Sparse gradients (tf.gather on an embedding table) are made dense: rows
-  # absent from the batch have zero gradient, but their factored statistics
-  # still decay, exactly as in the dense algorithm. The factored slots are
-  # tiny, so the only cost is one dense table-sized temporary.
-  def _apply_sparse_duplicate_indices(self, grad, var):
-    return self._update(tf.convert_to_tensor(grad), var)
-
-  def _apply_sparse(self, grad, var):
-    return self._update(tf.convert_to_tensor(grad), var)
-
-  def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices):
-    return self._resource_apply_sparse(grad, handle, indices)
-
-  def _resource_apply_sparse(self, grad, handle, indices):
-    # unsorted_segment_sum adds up repeated indices, as the dense gradient
-    # of a gather with repeated ids would.
-    dense = tf.math.unsorted_segment_sum(
-        grad, indices, num_segments=handle.shape[0])
-    return self._update(dense, handle)
 
   def _finish(self, update_ops, name_scope):
     step = self._step_variable()

@@ -20,11 +20,13 @@ import re
 
 import tensorflow as tf
 
+from estimator_bf16 import dense_update
+
 DEFAULT_EXCLUDE = ('LayerNorm', 'layer_norm', 'bias', 'batch_normalization',
                    'BatchNorm')
 
 
-class AdamWeightDecayOptimizer(tf.compat.v1.train.Optimizer):
+class AdamWeightDecayOptimizer(dense_update.DenseUpdateOptimizer):
   """Adam with decoupled weight decay and no bias correction (BERT's AdamW).
 
   Slots `'m'` and `'v'` are float32 with the variable's shape, whatever the
@@ -110,26 +112,3 @@ class AdamWeightDecayOptimizer(tf.compat.v1.train.Optimizer):
         tf.compat.v1.assign(m, new_m, use_locking=self._use_locking),
         tf.compat.v1.assign(v, new_v, use_locking=self._use_locking),
         tf.compat.v1.assign(var, new_value, use_locking=self._use_locking))
-
-  def _apply_dense(self, grad, var):
-    return self._update(grad, var)
-
-  def _resource_apply_dense(self, grad, handle):
-    # The v1 Optimizer passes the ResourceVariable itself as `handle`.
-    return self._update(grad, handle)
-
-  # Sparse (embedding) gradients are made dense: with decay and momentum
-  # every row changes anyway, so a sparse update would not be cheaper.
-  def _apply_sparse_duplicate_indices(self, grad, var):
-    return self._update(tf.convert_to_tensor(grad), var)
-
-  def _apply_sparse(self, grad, var):
-    return self._update(tf.convert_to_tensor(grad), var)
-
-  def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices):
-    return self._resource_apply_sparse(grad, handle, indices)
-
-  def _resource_apply_sparse(self, grad, handle, indices):
-    dense = tf.math.unsorted_segment_sum(
-        grad, indices, num_segments=handle.shape[0])
-    return self._update(dense, handle)
