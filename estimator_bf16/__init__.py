@@ -3,11 +3,15 @@
     import estimator_bf16 as eb
     estimator = eb.make_tpu_estimator(model_fn, precision='bfloat16', ...)
     estimator.train(eb.wrap_input_fn(input_fn, 'bfloat16'), max_steps=1000)
+
+On TensorFlow 2.15 the estimator is the real TPUEstimator; on 2.16+ (no
+tf.estimator) it is `estimator_bf16.compat.TPUEstimator` (CPU/GPU only).
+Legacy code that names `tf.estimator` itself needs `eb.compat.install()`.
 """
 
 from estimator_bf16._tf_check import check_tensorflow as _check_tensorflow
 
-_check_tensorflow()
+BACKEND = _check_tensorflow()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from estimator_bf16.adafactor import AdafactorOptimizer
@@ -24,11 +28,14 @@ from estimator_bf16.scope import bfloat16_scope
 from estimator_bf16.wrappers import build_network
 from estimator_bf16.wrappers import wrap_input_fn
 from estimator_bf16.wrappers import wrap_model_fn
+# After the core: the backend reuses the precision logic, never the reverse.
+from estimator_bf16 import compat
 
 __version__ = '0.1.0'
 
 __all__ = [
     'AdafactorOptimizer',
+    'BACKEND',
     'GraphReport',
     'PRECISIONS',
     'PrecisionError',
@@ -36,6 +43,7 @@ __all__ = [
     'build_network',
     'cast_features',
     'check_graph',
+    'compat',
     'compute_dtype',
     'float32_ops',
     'make_tpu_estimator',

@@ -1,15 +1,52 @@
-"""The TensorFlow 2.15 backend: a TPUEstimator around a wrapped model_fn.
+"""make_tpu_estimator: a TPUEstimator around a wrapped model_fn.
 
-This is the only module that touches `tf.compat.v1.estimator`; the precision
-logic lives in the other modules so another backend can reuse it.
+Two backends build it. On TensorFlow 2.15, `'tf_estimator'`: the real
+`tf.compat.v1.estimator.tpu.TPUEstimator` (this is the only module that
+touches `tf.compat.v1.estimator`). On 2.16+, `'compat'`:
+`estimator_bf16.compat.TPUEstimator`, the same API on the CPU/GPU. The
+precision logic (wrappers) is the same for both.
 """
+
+import types
 
 import tensorflow as tf
 
+from estimator_bf16 import _tf_check
+from estimator_bf16 import compat
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import wrappers
+from estimator_bf16.compat import tpu_estimator as compat_tpu
 
 _RESERVED_PARAMS = ('batch_size', 'use_tpu', 'context')
+BACKENDS = (_tf_check.ESTIMATOR_BACKEND, _tf_check.COMPAT_BACKEND)
+_DEFAULT_BACKEND = _tf_check.check_tensorflow()
+# tf.estimator's TPU module, read now: `compat.install()` (which can only run
+# after this import) may later make `tf.compat.v1.estimator` point elsewhere.
+_TF_ESTIMATOR_TPU = (tf.compat.v1.estimator.tpu
+                     if _DEFAULT_BACKEND == _tf_check.ESTIMATOR_BACKEND
+                     else None)
+# The compat backend's classes, under the names tf.estimator's tpu module
+# uses, so both backends are built by the same code below.
+_COMPAT_TPU = types.SimpleNamespace(
+    TPUEstimator=compat.TPUEstimator, RunConfig=compat.TPURunConfig,
+    TPUConfig=compat.TPUConfig, InputPipelineConfig=compat.InputPipelineConfig)
+
+
+def _tpu_module(backend):
+  """The module holding TPUEstimator, RunConfig, TPUConfig for `backend`."""
+  if backend == 'auto':
+    backend = _DEFAULT_BACKEND
+  if backend not in BACKENDS:
+    raise ValueError('backend must be one of %s, got %r.' % (
+        ', '.join(repr(b) for b in ('auto',) + BACKENDS), backend))
+  if backend == _tf_check.ESTIMATOR_BACKEND:
+    if _TF_ESTIMATOR_TPU is None:
+      raise ValueError(
+          "backend='tf_estimator' needs TensorFlow 2.15 (found %s): "
+          'tf.estimator was removed in 2.16. Use the default backend.' %
+          tf.__version__)
+    return backend, _TF_ESTIMATOR_TPU
+  return backend, _COMPAT_TPU
 
 
 def _positive_int(name, value, allow_none=False):
@@ -41,7 +78,7 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
                        keep_checkpoint_max=5, save_summary_steps=100,
                        log_step_count_steps=100, tf_random_seed=None,
                        audit='strict', exclude=(), session_config=None,
-                       eval_on_tpu=True):
+                       eval_on_tpu=True, backend='auto'):
   """Builds a `TPUEstimator` that runs `model_fn` in `precision`.
 
   Args:
@@ -67,15 +104,22 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     audit: `'strict'`, `'warn'` or `'off'` (see `wrap_model_fn`).
     exclude: feature keys that are never cast.
     eval_on_tpu: evaluate on the TPU (True) or on the host CPU.
+    backend: `'auto'` (the real TPUEstimator on TensorFlow 2.15, the compat
+      one on 2.16+), `'tf_estimator'` or `'compat'` (which also runs on
+      2.15, e.g. to compare the two).
 
   Returns:
-    A `tf.compat.v1.estimator.tpu.TPUEstimator`.
+    A `tf.compat.v1.estimator.tpu.TPUEstimator`, or an
+    `estimator_bf16.compat.TPUEstimator` with the same methods.
 
   Raises:
     ValueError: bad precision, audit, batch sizes, reserved params, a
-      missing `tpu` with `use_tpu`, or batches not divisible by the replicas.
+      missing `tpu` with `use_tpu`, batches not divisible by the replicas,
+      an unknown backend, or `use_tpu` with the compat backend (TPUs run
+      TensorFlow 2.15).
   """
   precision_lib.check_precision(precision)
+  backend, tpu_lib = _tpu_module(backend)
   _positive_int('train_batch_size', train_batch_size)
   _positive_int('eval_batch_size', eval_batch_size, allow_none=True)
   _positive_int('predict_batch_size', predict_batch_size, allow_none=True)
@@ -101,12 +145,15 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       'train_batch_size': train_batch_size,
       'eval_batch_size': eval_batch_size,
       'predict_batch_size': predict_batch_size})
+  if use_tpu and backend == _tf_check.COMPAT_BACKEND:
+    # After the argument checks (they hold whatever runs the job), before
+    # any TPU resolver is built: fail with the way out.
+    raise ValueError(compat_tpu.USE_TPU_MESSAGE % tf.__version__)
 
   if save_checkpoints_steps is None and save_checkpoints_secs is None:
     # RunConfig's own default; passing both as None would switch
     # checkpointing off entirely, final checkpoint included.
     save_checkpoints_secs = 600
-  tpu_lib = tf.compat.v1.estimator.tpu
   cluster = None
   if use_tpu:
     cluster = tf.distribute.cluster_resolver.TPUClusterResolver(

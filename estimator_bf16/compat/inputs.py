@@ -1,0 +1,106 @@
+"""Calling an input_fn / model_fn the way tf.estimator does, in graph mode.
+
+Arguments are passed by name: `params`, `mode`, `config` only if the
+function declares them, so `input_fn(params)`, `input_fn()` and
+`model_fn(features, labels, mode, params)` all work unchanged.
+"""
+
+import inspect
+
+import tensorflow as tf
+
+_MODEL_FN_ARGS = ('labels', 'mode', 'params', 'config')
+_INPUT_FN_ARGS = ('params', 'mode', 'config')
+
+
+def arg_names(fn, what):
+  """Returns the names of `fn`'s parameters (functools.partial-aware).
+
+  Raises:
+    TypeError: `fn` is not callable or has no readable signature.
+  """
+  if not callable(fn):
+    raise TypeError('%s must be callable, got %r.' % (what, fn))
+  try:
+    parameters = inspect.signature(fn).parameters.values()
+  except (TypeError, ValueError) as e:
+    raise TypeError('Cannot read the signature of %s %r: %s' % (what, fn, e))
+  return tuple(p.name for p in parameters
+               if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+class _IteratorInitializerHook(tf.compat.v1.train.SessionRunHook):
+  """Initializes a dataset iterator once the session exists.
+
+  An initializable iterator (rather than a one-shot one) is what lets a
+  dataset capture variables, lookup tables or placeholders-fed constants.
+  """
+
+  def __init__(self, iterator):
+    self._initializer = iterator.initializer
+
+  def after_create_session(self, session, coord):
+    del coord
+    session.run(self._initializer)
+
+
+def _split(result):
+  """(features, labels) from an input_fn result or dataset element."""
+  if isinstance(result, (tuple, list)) and len(result) == 2:
+    return result[0], result[1]
+  return result, None
+
+
+def call_input_fn(input_fn, params, mode, config):
+  """Calls `input_fn` and returns `(features, labels, hooks)`.
+
+  Args:
+    input_fn: returns a `tf.data.Dataset` of `features` or `(features,
+      labels)`, or such tensors directly.
+    params: dict given as `params` (a copy, so the function may change it).
+    mode: a ModeKeys string, given as `mode` if declared.
+    config: the RunConfig, given as `config` if declared.
+
+  Returns:
+    features (Tensor or dict), labels (or None) and a list of hooks the
+    session must run (the iterator initializer for a Dataset).
+
+  Raises:
+    TypeError: the result is neither a Dataset nor tensors.
+  """
+  names = arg_names(input_fn, 'input_fn')
+  kwargs = {'params': params, 'mode': mode, 'config': config}
+  with tf.device('/cpu:0'):
+    # The host builds the input pipeline, as TPUEstimator does.
+    result = input_fn(**{k: v for k, v in kwargs.items() if k in names})
+    hooks = []
+    if isinstance(result, tf.data.Dataset):
+      iterator = tf.compat.v1.data.make_initializable_iterator(result)
+      hooks.append(_IteratorInitializerHook(iterator))
+      result = iterator.get_next()
+  features, labels = _split(result)
+  leaves = tf.nest.flatten(features)
+  if not leaves or not all(isinstance(
+      leaf, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)) for leaf in leaves):
+    raise TypeError('input_fn must return a tf.data.Dataset or tensors '
+                    '(features or (features, labels)); got %r.' % (result,))
+  return features, labels, hooks
+
+
+def call_model_fn(model_fn, features, labels, mode, params, config):
+  """Calls `model_fn` with the arguments it declares; returns its result.
+
+  Raises:
+    ValueError: model_fn takes no `labels` but labels were given.
+  """
+  names = arg_names(model_fn, 'model_fn')
+  if 'features' not in names:
+    raise ValueError('model_fn must take a `features` argument; it takes %s.'
+                     % (names,))
+  if labels is not None and 'labels' not in names:
+    raise ValueError('model_fn does not take labels, but input_fn returns '
+                     'labels.')
+  values = {'labels': labels, 'mode': mode, 'params': params,
+            'config': config}
+  kwargs = {k: v for k, v in values.items() if k in names}
+  return model_fn(features=features, **kwargs)
