@@ -1,27 +1,17 @@
 # The two commands the README promises: `make demo` and `make test`.
-# Each creates .venv with the pinned requirements on first use.
-PYTHON ?= python3.11
-VENV := .venv
-BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Each creates its pinned virtualenv(s) on first use (scripts/make_venv.sh).
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo test venv clean
+.PHONY: demo test clean
 
-venv: $(STAMP)
+demo:
+	scripts/make_venv.sh .venv requirements.txt
+	.venv/bin/python -m models.demo --out_dir=$(DEMO_DIR)
 
-$(STAMP): requirements.txt setup.py
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip==24.3.1
-	$(BIN)/pip install --quiet -r requirements.txt
-	$(BIN)/pip install --quiet --no-deps -e .
-	touch $(STAMP)
-
-demo: $(STAMP)
-	$(BIN)/python -m models.demo --out_dir=$(DEMO_DIR)
-
-test: $(STAMP)
-	$(BIN)/python -m pytest tests -q
+# The full suite on TensorFlow 2.15 (real TPUEstimator), then the backend
+# subset on the newest TensorFlow (estimator_bf16.compat).
+test:
+	scripts/test_matrix.sh all
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf .venv .venv-tf-latest runs

@@ -12,18 +12,21 @@ setuptools.setup(
     packages=setuptools.find_packages(include=['estimator_bf16',
                                                'estimator_bf16.*', 'models',
                                                'models.*', 'scripts', 'scripts.*']),
-    python_requires='>=3.9,<3.12',
+    python_requires='>=3.9',
     install_requires=[
-        # tf.estimator (and so TPUEstimator) was removed in TensorFlow 2.16.
-        'tensorflow>=2.15,<2.16',
+        # 2.15 is the last release with tf.estimator (the real TPUEstimator,
+        # needed on Cloud TPUs); on 2.16+ estimator_bf16.compat stands in on
+        # the CPU/GPU. Pin 2.15 (requirements.txt) for TPU work.
+        'tensorflow>=2.15',
         'tf-slim>=1.1,<2',
         'absl-py>=1.0',
         'six>=1.15',
-        'numpy<2',
     ],
     extras_require={
         'demo': ['scikit-learn>=1.3', 'matplotlib>=3.7'],
         'tpu': ['PyYAML>=6'],
+        # tf.compat.v1.layers and tf.summary on TensorFlow 2.16+.
+        'tf-latest': ['tf-keras', 'tensorboard'],
         'test': ['pytest>=7', 'pytest-xdist>=3', 'hypothesis>=6',
                  'scikit-learn>=1.3', 'matplotlib>=3.7', 'PyYAML>=6'],
     },

@@ -8,30 +8,15 @@
 # test in tests/test_compat_backend.py drives the other one in a subprocess.
 #
 # Usage: scripts/test_matrix.sh [all|tf215|tf-latest] [extra pytest args]
-#   PYTHON=python3.11 picks the interpreter for new venvs.
+#   PYTHON=python3.11 picks the interpreter for new venvs (scripts/make_venv.sh).
 #   TF_LATEST_TESTS="tests/a.py tests/b.py" replaces the tf-latest subset
 #   (TF_LATEST_TESTS=tests runs the whole suite there).
 # Exits non-zero if either run fails; both runs always happen.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON="${PYTHON:-python3.11}"
 WHICH="${1:-all}"
 shift || true
-
-make_venv() {  # make_venv DIR REQUIREMENTS
-  local dir="$1" requirements="$2" stamp="$1/.installed"
-  if [[ -f "$stamp" && ! "$requirements" -nt "$stamp" && \
-        ! setup.py -nt "$stamp" ]]; then
-    return 0
-  fi
-  echo "test_matrix: creating $dir from $requirements" >&2
-  "$PYTHON" -m venv "$dir" &&
-    "$dir/bin/pip" install --quiet --upgrade pip==24.3.1 &&
-    "$dir/bin/pip" install --quiet -r "$requirements" &&
-    "$dir/bin/pip" install --quiet --no-deps -e . &&
-    touch "$stamp"
-}
 
 run_tf215() {
   echo "test_matrix: TensorFlow 2.15 (.venv), full suite" >&2
@@ -79,8 +64,8 @@ case "$WHICH" in
   *) echo "usage: $0 [all|tf215|tf-latest] [pytest args]" >&2; exit 2 ;;
 esac
 
-make_venv .venv requirements.txt || exit 1
-make_venv .venv-tf-latest requirements-tf-latest.txt || exit 1
+scripts/make_venv.sh .venv requirements.txt || exit 1
+scripts/make_venv.sh .venv-tf-latest requirements-tf-latest.txt || exit 1
 
 status=0
 if [[ "$WHICH" == all || "$WHICH" == tf215 ]]; then
