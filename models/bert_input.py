@@ -10,6 +10,8 @@ network takes the compute dtype as an argument.
 import numpy as np
 import tensorflow as tf
 
+from models import records
+
 _ID_KEYS = ('input_ids', 'input_mask', 'segment_ids')
 
 # Token ids of the synthetic task. Real BERT vocabularies put [PAD] at 0 too;
@@ -22,8 +24,38 @@ def _to_int32(tensor):
   return tf.cast(tensor, tf.int32)
 
 
+def _check_example(example, seq_length, num_labels, path, offset):
+  """An op failing, with the record named, on a missing or bad feature."""
+  lengths = [tf.size(example[key].values) for key in _ID_KEYS]
+  label = example['label_ids']
+  no_label = tf.equal(tf.size(label.values), 0)
+  bad = [tf.not_equal(length, seq_length) for length in lengths]
+  bad_label = tf.zeros([], tf.bool)
+  if num_labels is not None:
+    value = tf.reduce_max(label.values)
+    bad_label = ~no_label & ((value < 0) | (value >= num_labels))
+
+  def describe(_):
+    text = tf.constant('missing feature label_ids (int64)')
+    if num_labels is not None:
+      text = tf.where(bad_label, tf.strings.join([
+          'label_ids ', tf.strings.as_string(tf.reduce_max(label.values)),
+          ' is outside [0, %d)' % num_labels]), text)
+    for key, length, wrong in reversed(list(zip(_ID_KEYS, lengths, bad))):
+      text = tf.where(wrong, tf.strings.join([
+          'feature %s holds ' % key, tf.strings.as_string(length), ' ids, but '
+          '--seq_length=%d needs %d' % (seq_length, seq_length)]), text)
+    return text
+
+  return records.check_records(
+      tf.reshape(tf.reduce_any(tf.stack(bad + [no_label, bad_label])), [1]),
+      describe, tf.reshape(path, [1]), tf.reshape(offset, [1]))
+
+
 def bert_input_fn_builder(file_pattern, *, seq_length, is_training,
-                          drop_remainder=True, shuffle_buffer=100):
+                          drop_remainder=True, shuffle_buffer=100,
+                          num_labels=None, skip_corrupt=False,
+                          skipped=None):
   """Returns an input_fn reading BERT `run_classifier`-format TFRecords.
 
   Each record holds `input_ids`, `input_mask`, `segment_ids` (int64
@@ -38,30 +70,40 @@ def bert_input_fn_builder(file_pattern, *, seq_length, is_training,
     drop_remainder: drop a last partial batch (a TPU needs static shapes;
       set False only for CPU/GPU prediction over every example).
     shuffle_buffer: examples in the shuffle buffer while training.
+    num_labels: if set, `label_ids` must lie in [0, num_labels).
+    skip_corrupt: skip the unreadable rest of a damaged file (with a
+      warning) instead of failing; see `records.read_records`.
+    skipped: a `records.SkippedFiles` recording what was skipped, or None.
 
   Returns:
     `input_fn(params)` -> `tf.data.Dataset` of (features, labels) as the
-    module docstring describes.
+    module docstring describes. A record with a missing feature, ids of
+    another length or a label out of range fails with a 'bad input:' error
+    naming its file and offset.
 
   Raises:
     ValueError: if no file matches `file_pattern`.
   """
   if not tf.io.gfile.glob(file_pattern):
     raise ValueError('No BERT TFRecord files match %r.' % file_pattern)
-  keys = {key: tf.io.FixedLenFeature([seq_length], tf.int64)
-          for key in _ID_KEYS}
-  keys['label_ids'] = tf.io.FixedLenFeature([], tf.int64)
+  # Parsed with variable length, so a record of the wrong length is named
+  # in the error rather than reported by the parser without its file.
+  keys = {key: tf.io.VarLenFeature(tf.int64)
+          for key in _ID_KEYS + ('label_ids',)}
 
-  def parse(record):
+  def parse(record, path, offset):
     example = tf.io.parse_single_example(record, keys)
-    features = {key: _to_int32(example[key]) for key in _ID_KEYS}
-    return features, _to_int32(example['label_ids'])
+    check = _check_example(example, seq_length, num_labels, path, offset)
+    with tf.control_dependencies([check]):
+      features = {key: tf.reshape(_to_int32(example[key].values),
+                                  [seq_length]) for key in _ID_KEYS}
+      label = tf.reshape(_to_int32(example['label_ids'].values), [])
+    return features, label
 
   def input_fn(params):
-    files = tf.data.Dataset.list_files(file_pattern, shuffle=is_training)
-    dataset = files.interleave(
-        tf.data.TFRecordDataset, cycle_length=4,
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=not is_training)
+    dataset = records.read_records(file_pattern, skip_corrupt=skip_corrupt,
+                                   skipped=skipped,
+                                   shuffle_files=is_training, cycle_length=4)
     if is_training:
       dataset = dataset.shuffle(shuffle_buffer).repeat()
     dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)

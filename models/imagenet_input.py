@@ -13,9 +13,13 @@ Batches drop their remainder: a TPU compiles for one static batch shape.
 import numpy as np
 import tensorflow as tf
 
+from models import records
+
 # Per-channel RGB mean and standard deviation of ImageNet, on a 0..255 scale.
 _MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 _STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+# A label no writer produces, so a missing one is told apart from a bad one.
+_NO_LABEL = -2**63
 # Eval crops the centre `image_size / (image_size + 32)` of the shorter side,
 # i.e. 224 out of 256, the usual ImageNet evaluation crop.
 _EVAL_CROP_PADDING = 32
@@ -28,6 +32,31 @@ def _compute_dtype(params):
     raise ValueError("params['precision'] must be 'float32' or 'bfloat16', "
                      'got %r.' % (precision,))
   return dtypes[precision]
+
+
+def _check_example(example, label_offset, num_classes, path, offset):
+  """An op failing, with the record named, on a missing or bad feature.
+
+  A wrong label_offset would otherwise surface as a NaN loss or a silent
+  gather error far from its cause.
+  """
+  encoded = example['image/encoded']
+  stored = example['image/class/label']
+  label = stored - label_offset
+  no_image = tf.equal(tf.strings.length(encoded), 0)
+  no_label = tf.equal(stored, _NO_LABEL)
+  bad_label = tf.logical_not(no_label) & ((label < 0) | (label >= num_classes))
+
+  def describe(_):
+    text = tf.where(no_image, 'missing feature image/encoded (bytes)',
+                    'missing feature image/class/label (int64)')
+    return tf.where(bad_label, tf.strings.join([
+        'label ', tf.strings.as_string(stored), ' - label_offset (%d) is '
+        'outside [0, %d)' % (label_offset, num_classes)]), text)
+
+  return records.check_records(
+      tf.reshape(no_image | no_label | bad_label, [1]), describe,
+      tf.reshape(path, [1]), tf.reshape(offset, [1]))
 
 
 def _train_image(encoded, image_size):
@@ -66,7 +95,8 @@ def _normalize(image):
 def imagenet_input_fn_builder(file_pattern, *, is_training, image_size,
                               num_classes, label_offset=1,
                               num_parallel_calls=tf.data.AUTOTUNE,
-                              shuffle_buffer=1024, cache=False):
+                              shuffle_buffer=1024, cache=False,
+                              skip_corrupt=False, skipped=None):
   """Returns an input_fn reading ImageNet-format TFRecords.
 
   Each record is a tf.Example with `image/encoded` (JPEG bytes) and
@@ -90,11 +120,16 @@ def imagenet_input_fn_builder(file_pattern, *, is_training, image_size,
     shuffle_buffer: examples in the shuffle buffer while training.
     cache: keep the serialised records in memory after the first epoch
       (only for datasets that fit).
+    skip_corrupt: skip the unreadable rest of a damaged file (with a
+      warning) instead of failing; see `records.read_records`.
+    skipped: a `records.SkippedFiles` recording what was skipped, or None.
 
   Returns:
     `input_fn(params)` -> `tf.data.Dataset` of `({'image': [B, S, S, 3]},
     labels [B] int32)`, with B = `params['batch_size']` and the image in
-    float32 or bfloat16 per `params.get('precision', 'float32')`.
+    float32 or bfloat16 per `params.get('precision', 'float32')`. A record
+    without `image/encoded` or `image/class/label`, or with a label out of
+    range, fails with a 'bad input:' error naming its file and offset.
 
   Raises:
     ValueError: if no file matches `file_pattern`.
@@ -102,16 +137,19 @@ def imagenet_input_fn_builder(file_pattern, *, is_training, image_size,
   if not tf.io.gfile.glob(file_pattern):
     raise ValueError('No ImageNet TFRecord files match %r.' % file_pattern)
   keys = {
-      'image/encoded': tf.io.FixedLenFeature([], tf.string),
-      'image/class/label': tf.io.FixedLenFeature([], tf.int64),
+      'image/encoded': tf.io.FixedLenFeature([], tf.string, default_value=''),
+      'image/class/label': tf.io.FixedLenFeature(
+          [], tf.int64, default_value=_NO_LABEL),
   }
 
   def input_fn(params):
     dtype = _compute_dtype(params)
 
-    def parse(record):
+    def parse(record, path, offset):
       example = tf.io.parse_single_example(record, keys)
-      encoded = example['image/encoded']
+      check = _check_example(example, label_offset, num_classes, path, offset)
+      with tf.control_dependencies([check]):
+        encoded = tf.identity(example['image/encoded'])
       if is_training:
         image = _train_image(encoded, image_size)
       else:
@@ -120,21 +158,11 @@ def imagenet_input_fn_builder(file_pattern, *, is_training, image_size,
       image.set_shape([image_size, image_size, 3])
       # int64 is all tf.Example stores; TPUs want int32.
       label = tf.cast(example['image/class/label'], tf.int32) - label_offset
-      # A wrong label_offset would otherwise surface as a NaN loss or a
-      # silent gather error far from its cause.
-      in_range = tf.logical_and(label >= 0, label < num_classes)
-      check = tf.debugging.Assert(in_range, [
-          'label - label_offset (%d) outside [0, %d):' % (label_offset,
-                                                          num_classes),
-          label])
-      with tf.control_dependencies([check]):
-        label = tf.identity(label)
       return {'image': image}, label
 
-    files = tf.data.Dataset.list_files(file_pattern, shuffle=is_training)
-    dataset = files.interleave(
-        tf.data.TFRecordDataset, cycle_length=4,
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=not is_training)
+    dataset = records.read_records(file_pattern, skip_corrupt=skip_corrupt,
+                                   skipped=skipped,
+                                   shuffle_files=is_training, cycle_length=4)
     if cache:
       dataset = dataset.cache()
     if is_training:

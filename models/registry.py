@@ -9,8 +9,9 @@ one run.
 """
 
 import dataclasses
+import functools
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
@@ -22,6 +23,7 @@ from models import head
 from models import imagenet_input
 from models import mnist
 from models import mnist_input
+from models import records
 from models import resnet
 
 MODELS = ('resnet', 'mnist_mlp', 'mnist_cnn', 'bert')
@@ -101,12 +103,15 @@ class Model:
     serving_input_fn: a `ServingInputReceiver` fn with float32 images or
       int32 ids, whatever the precision.
     config: the network config, for logs.
+    skipped: with --skip_corrupt_records on real data, the tally of the
+      damaged files the input fns skipped; else None.
   """
   model_fn: Callable
   train_input_fn: Callable
   eval_input_fn: Callable
   serving_input_fn: Callable
   config: Any
+  skipped: Optional[records.SkippedFiles] = None
 
 
 def data_files(dataset, data_dir):
@@ -152,6 +157,13 @@ def _head(options, network_fn_builder, **kwargs):
       summary_dir=options.model_dir, **kwargs)
 
 
+def _skipping(options):
+  """Reader arguments for --skip_corrupt_records, and the shared tally."""
+  skipped = records.SkippedFiles() if options.skip_corrupt_records else None
+  return dict(skip_corrupt=options.skip_corrupt_records,
+              skipped=skipped), skipped
+
+
 def _mnist(options):
   config = mnist.MnistConfig(image_size=options.image_size,
                              num_classes=options.num_classes)
@@ -161,15 +173,17 @@ def _mnist(options):
   else:
     data_dir = options.data_dir
   train_files, eval_files = mnist_input.data_files(data_dir)
+  skipping, skipped = _skipping(options)
+  builder = functools.partial(
+      mnist_input.mnist_input_fn_builder, image_size=options.image_size,
+      num_classes=options.num_classes, **skipping)
   return Model(
       model_fn=_head(options, lambda params: network(config)),
-      train_input_fn=mnist_input.mnist_input_fn_builder(
-          train_files, is_training=True, image_size=options.image_size,
-          seed=options.seed),
-      eval_input_fn=mnist_input.mnist_input_fn_builder(
-          eval_files, is_training=False, image_size=options.image_size),
+      train_input_fn=builder(train_files, is_training=True,
+                             seed=options.seed),
+      eval_input_fn=builder(eval_files, is_training=False),
       serving_input_fn=image_serving_input_fn(options.image_size, 1),
-      config=config)
+      config=config, skipped=skipped)
 
 
 def _resnet(options):
@@ -183,15 +197,16 @@ def _resnet(options):
     eval_fn = imagenet_input.synthetic_imagenet_input_fn_builder(
         image_size=options.image_size, num_classes=options.num_classes,
         seed=options.seed + 1)
+    skipped = None
   else:
     train_files, eval_files = data_files('imagenet', options.data_dir)
-    builder = imagenet_input.imagenet_input_fn_builder
-    train_fn = builder(train_files, is_training=True,
-                       image_size=options.image_size,
-                       num_classes=options.num_classes)
-    eval_fn = builder(eval_files, is_training=False,
-                      image_size=options.image_size,
-                      num_classes=options.num_classes)
+    skipping, skipped = _skipping(options)
+    builder = functools.partial(
+        imagenet_input.imagenet_input_fn_builder,
+        image_size=options.image_size, num_classes=options.num_classes,
+        **skipping)
+    train_fn = builder(train_files, is_training=True)
+    eval_fn = builder(eval_files, is_training=False)
   # Top-5 is the ImageNet habit; it says nothing with 5 classes or fewer.
   top_k = 5 if options.num_classes > 5 else None
   return Model(
@@ -199,7 +214,7 @@ def _resnet(options):
                      top_k=top_k),
       train_input_fn=train_fn, eval_input_fn=eval_fn,
       serving_input_fn=image_serving_input_fn(options.image_size, 3),
-      config=config)
+      config=config, skipped=skipped)
 
 
 def _bert(options):
@@ -212,12 +227,15 @@ def _bert(options):
     eval_fn = bert_input.synthetic_bert_input_fn_builder(
         seq_length=options.seq_length, vocab_size=options.vocab_size,
         num_labels=options.num_classes, seed=options.seed + 1)
+    skipped = None
   else:
     train_files, eval_files = data_files('run_classifier', options.data_dir)
-    train_fn = bert_input.bert_input_fn_builder(
-        train_files, seq_length=options.seq_length, is_training=True)
-    eval_fn = bert_input.bert_input_fn_builder(
-        eval_files, seq_length=options.seq_length, is_training=False)
+    skipping, skipped = _skipping(options)
+    builder = functools.partial(
+        bert_input.bert_input_fn_builder, seq_length=options.seq_length,
+        num_labels=options.num_classes, **skipping)
+    train_fn = builder(train_files, is_training=True)
+    eval_fn = builder(eval_files, is_training=False)
 
   def network_fn_builder(params):
     # BERT asks for its variables in an explicit dtype, so it reads the
@@ -230,7 +248,7 @@ def _bert(options):
                      clip_norm=1.0, decay_steps=options.train_steps),
       train_input_fn=train_fn, eval_input_fn=eval_fn,
       serving_input_fn=ids_serving_input_fn(options.seq_length),
-      config=config)
+      config=config, skipped=skipped)
 
 
 _BUILDERS = {'mnist_mlp': _mnist, 'mnist_cnn': _mnist, 'resnet': _resnet,

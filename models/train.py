@@ -8,10 +8,17 @@ the MNIST nets, synthetic data for ResNet and BERT) at small default sizes.
 On a Cloud TPU add --use_tpu --tpu=NAME and a gs:// --model_dir/--data_dir;
 the code is the same. The loop lives in `models/training.py`; the per-model
 defaults of unset flags in `models/registry.py` (`DEFAULTS`).
+
+Rerunning the same command resumes from the last checkpoint. On SIGTERM the
+run writes a checkpoint and exits with status 143; bad data, a NaN/Inf
+(with --numeric_guard, the default) or an unusable --model_dir exit with
+status 1 and a message naming the file, step or flag.
 """
 
 import dataclasses
 import json
+import signal
+import sys
 
 from absl import app
 from absl import flags
@@ -21,6 +28,9 @@ from models import bert
 from models import optimization
 from models import registry
 from models import training
+
+# Stopped by SIGTERM after writing a checkpoint: the usual 128 + signal.
+PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
 
 
 def define_flags(flag_values=flags.FLAGS):
@@ -74,6 +84,16 @@ def define_flags(flag_values=flags.FLAGS):
   integer('log_every_steps', 100, 'Log the step and examples/sec this often.')
   flags.DEFINE_bool('export', True, 'Export a float32 SavedModel.',
                     flag_values=f)
+  flags.DEFINE_bool('numeric_guard', True, 'Stop with the step and tensor '
+                    'named when the loss or a gradient is NaN/Inf, before '
+                    'that update is applied (local runs).', flag_values=f)
+  flags.DEFINE_bool('skip_corrupt_records', False, 'Skip the unreadable '
+                    'rest of a corrupt or truncated TFRecord file, counting '
+                    'such files on stderr, instead of failing.',
+                    flag_values=f)
+  integer('activation_stats_steps', 0, 'Every N steps, measure max |x| and '
+          'the underflow share of each bfloat16 activation (debug; 0: off).',
+          lower_bound=0)
   flags.mark_flags_as_required(['model', 'model_dir'], flag_values=f)
 
 
@@ -89,10 +109,16 @@ def main(argv):
     raise app.UsageError('Unexpected arguments: %s' % ' '.join(argv[1:]))
   try:
     # Checks every option before TensorFlow builds anything.
-    options = training.prepare(options_from_flags())
+    result = training.run(training.prepare(options_from_flags()))
   except training.OptionError as e:
     raise app.UsageError(str(e)) from e
-  result = training.run(options)
+  except training.FAILURES as e:
+    # A clear message, not a traceback: the data, the numbers or model_dir
+    # need fixing, not the program.
+    sys.exit('error: %s' % e)
+  if result['preempted']:
+    # Not done: a supervisor that restarts on a non-zero status resumes it.
+    sys.exit(PREEMPTED_EXIT_STATUS)
   print(json.dumps({key: result[key] for key in
                     ('eval', 'examples_per_sec', 'train_seconds',
                      'export_dir')}, indent=2, sort_keys=True))

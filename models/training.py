@@ -15,13 +15,24 @@ from absl import logging
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16 import activation_stats
+from estimator_bf16 import guards
+from estimator_bf16 import recovery
 from models import bert
 from models import optimization
+from models import preflight
+from models import records
 from models import registry
 from models import resnet
 
 _MAX_SEQ_LENGTH = 512  # BERT's position table
 _TPU_CORES = 8  # one v2-8 / v3-8 board
+# Data sets generated in the graph: nothing on disk can be bad.
+_GENERATED = ('synthetic',)
+# What stops a run with a message rather than a traceback (the CLI prints it
+# and exits with status 1).
+FAILURES = (records.InputError, guards.NumericGuardError,
+            recovery.CheckpointError)
 
 
 class OptionError(ValueError):
@@ -70,6 +81,9 @@ class TrainOptions:
   seed: int = 0
   log_every_steps: int = 100
   export: bool = True
+  numeric_guard: bool = True  # stop on a NaN/Inf loss or gradient
+  skip_corrupt_records: bool = False  # skip and count damaged TFRecords
+  activation_stats_steps: int = 0  # 0: off; N: bfloat16 ranges every N
 
 
 def _check(condition, flag, message, *args):
@@ -204,6 +218,8 @@ def prepare(options):
   _positive(options, 'train_steps', 'eval_steps', 'train_batch_size',
             'eval_batch_size', 'save_checkpoints_steps', 'keep_checkpoint_max',
             'iterations_per_loop', 'num_shards', 'log_every_steps')
+  _check(options.activation_stats_steps >= 0, '--activation_stats_steps',
+         'must be >= 0, got %r.', options.activation_stats_steps)
   _check(options.learning_rate > 0, '--learning_rate', 'must be > 0, got %r.',
          options.learning_rate)
   _check(options.weight_decay >= 0, '--weight_decay', 'must be >= 0, got %r.',
@@ -268,8 +284,44 @@ def _as_python(metrics):
           for key, value in metrics.items()}
 
 
+def _check_before_training(options, model):
+  """Fails on an unwritable model_dir or unreadable data, writing nothing."""
+  try:
+    preflight.check_model_dir(options.model_dir)
+  except preflight.ModelDirError as e:
+    raise OptionError('--model_dir', str(e)) from e
+  if options.dataset in _GENERATED:
+    return
+  shards = (options.num_shards or _TPU_CORES) if options.use_tpu else 1
+
+  def params(batch):
+    return {'batch_size': batch // shards, 'precision': options.precision}
+
+  preflight.check_input([
+      ('training', model.train_input_fn, params(options.train_batch_size)),
+      ('eval', model.eval_input_fn, params(options.eval_batch_size))])
+
+
+def _explained(error, context, step=None):
+  """The guard or input error behind a TensorFlow error, or None."""
+  numeric = guards.translate_error(error)
+  if numeric is not None:
+    return guards.NumericGuardError(
+        '%s Rerun to resume from the last checkpoint with a lower '
+        '--learning_rate, or compare with --precision=float32; '
+        '--activation_stats_steps=N reports bfloat16 activation ranges.' %
+        numeric, numeric.step,
+        numeric.tensors)
+  return records.translate_error(error, context, step)
+
+
 def run(options, hooks=()):
   """Trains, evaluates and exports one model.
+
+  Training resumes from the last readable checkpoint in model_dir. On
+  SIGTERM it stops after the current step, the Estimator writes a final
+  checkpoint, and `run` returns at once with 'preempted' set (no eval, no
+  export): run it again to go on.
 
   Args:
     options: a `TrainOptions` (checked by `prepare` first).
@@ -278,28 +330,44 @@ def run(options, hooks=()):
   Returns:
     dict with 'options' (the resolved options as a dict), 'train_seconds',
     'examples_per_sec' (steady state; None if training was already done),
-    'eval' (the Estimator's eval results, Python numbers), and
-    'export_dir' (str, or None without `options.export`).
+    'eval' (the Estimator's eval results, Python numbers), 'export_dir'
+    (str, or None without `options.export`), 'preempted' (bool),
+    'global_step' (after training), 'activation_stats' (the report of
+    `ActivationStatsHook`, or None when off) and 'skipped_files' (with
+    --skip_corrupt_records: {path: (bytes read, size, times)} of the
+    damaged files skipped; else None).
 
   Raises:
-    OptionError: for bad options, before any graph is built.
+    OptionError: for bad options or an unwritable --model_dir, before any
+      graph is built.
+    records.InputError: unusable data, naming the file (and the step when
+      found during training).
+    guards.NumericGuardError: a NaN/Inf loss or gradient, naming the step
+      and the tensors; that step's update was not applied.
+    recovery.CheckpointError: model_dir holds only unreadable checkpoints,
+      or the checkpoint of a different model.
   """
   options = prepare(options)
   model = registry.build(options)
+  _check_before_training(options, model)
+  recovery.ensure_restorable(options.model_dir)
   logging.info('Training %s in %s on %s: %s', options.model,
                options.precision, options.dataset, model.config)
+  model_fn = model.model_fn
+  if options.numeric_guard:
+    model_fn = guards.guard_model_fn(model_fn)
+  # On a CPU each session.run is one step; TPUEstimator would still divide
+  # its logging interval by iterations_per_loop and log (and write
+  # examples/sec summaries) every step.
+  steps_per_run = options.iterations_per_loop if options.use_tpu else 1
   estimator = eb.make_tpu_estimator(
-      model.model_fn, model_dir=options.model_dir,
+      model_fn, model_dir=options.model_dir,
       precision=options.precision, use_tpu=options.use_tpu, tpu=options.tpu,
       tpu_zone=options.tpu_zone, gcp_project=options.gcp_project,
       train_batch_size=options.train_batch_size,
       eval_batch_size=options.eval_batch_size,
       predict_batch_size=options.eval_batch_size,
-      # On a CPU each session.run is one step; TPUEstimator would still
-      # divide its logging interval by iterations_per_loop and log (and
-      # write examples/sec summaries) every step.
-      iterations_per_loop=(options.iterations_per_loop if options.use_tpu
-                           else 1),
+      iterations_per_loop=steps_per_run,
       num_shards=options.num_shards,
       save_checkpoints_steps=options.save_checkpoints_steps,
       keep_checkpoint_max=options.keep_checkpoint_max,
@@ -307,22 +375,69 @@ def run(options, hooks=()):
       tf_random_seed=options.seed)
   throughput = ThroughputHook(options.train_batch_size,
                               options.log_every_steps)
+  stopper = recovery.stop_on_sigterm(steps_per_run)
+  # The match check goes first: its `begin` fails before other hooks write.
+  train_hooks = [recovery.CheckpointMatchHook(options.model_dir), throughput,
+                 stopper.hook]
+  stats = None
+  if options.activation_stats_steps:
+    stats = activation_stats.ActivationStatsHook(
+        options.activation_stats_steps, output_path=os.path.join(
+            options.model_dir, 'activation_stats.json'))
+    train_hooks.append(stats)
   start = time.perf_counter()
-  estimator.train(model.train_input_fn, max_steps=options.train_steps,
-                  hooks=[throughput] + list(hooks))
+  with stopper:
+    try:
+      estimator.train(model.train_input_fn, max_steps=options.train_steps,
+                      hooks=train_hooks + list(hooks))
+    except tf.errors.OpError as e:
+      explained = _explained(e, 'the training data', stopper.step)
+      if explained is None:
+        raise
+      raise explained from e
   train_seconds = time.perf_counter() - start
-  metrics = estimator.evaluate(model.eval_input_fn, steps=options.eval_steps)
-  logging.info('Eval after %d steps: %s', metrics['global_step'], metrics)
-  export_dir = None
-  if options.export:
-    export_dir = estimator.export_saved_model(
-        os.path.join(options.model_dir, 'export'), model.serving_input_fn)
-    export_dir = export_dir.decode() if isinstance(export_dir, bytes) else (
-        export_dir)
-  return {
+  global_step = int(estimator.get_variable_value('global_step'))
+  result = {
       'options': dataclasses.asdict(options),
       'train_seconds': train_seconds,
       'examples_per_sec': throughput.examples_per_sec,
-      'eval': _as_python(metrics),
-      'export_dir': export_dir,
+      'eval': None,
+      'export_dir': None,
+      'preempted': stopper.requested,
+      'global_step': global_step,
+      'activation_stats': stats.report if stats else None,
+      'skipped_files': None,
   }
+  if stopper.requested:
+    logging.warning('Preempted at global step %d; the checkpoint is '
+                    'written. Run the same command again to resume.',
+                    global_step)
+    return result
+  if global_step < options.train_steps:
+    # Only an input that ends can stop training early without an error.
+    raise records.InputError(
+        'The training data ran out at global step %d, before '
+        '--train_steps=%d.' % (global_step, options.train_steps))
+  try:
+    # The match check again: training skips (and checks nothing) when
+    # model_dir already holds a checkpoint at or past --train_steps.
+    metrics = estimator.evaluate(
+        model.eval_input_fn, steps=options.eval_steps,
+        hooks=[recovery.CheckpointMatchHook(options.model_dir)])
+  except tf.errors.OpError as e:
+    explained = records.translate_error(e, 'the eval data')
+    if explained is None:
+      raise
+    raise explained from e
+  logging.info('Eval after %d steps: %s', metrics['global_step'], metrics)
+  result['eval'] = _as_python(metrics)
+  if model.skipped is not None:
+    result['skipped_files'] = dict(model.skipped.files)
+    if model.skipped.files:
+      logging.warning('--skip_corrupt_records: %s', model.skipped.summary())
+  if options.export:
+    export_dir = estimator.export_saved_model(
+        os.path.join(options.model_dir, 'export'), model.serving_input_fn)
+    result['export_dir'] = (export_dir.decode()
+                            if isinstance(export_dir, bytes) else export_dir)
+  return result

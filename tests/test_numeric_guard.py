@@ -1,0 +1,238 @@
+"""Tests for the numeric guard and the bfloat16 activation statistics."""
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+from unittest import mock
+
+import numpy as np
+import tensorflow as tf
+
+from estimator_bf16 import activation_stats
+from estimator_bf16 import guards
+from models import training
+
+_tmp_root = None
+_cache_env = None
+
+
+def setUpModule():
+  global _tmp_root, _cache_env
+  tf.compat.v1.disable_eager_execution()
+  _tmp_root = tempfile.mkdtemp()
+  _cache_env = mock.patch.dict(
+      os.environ, {'ESTIMATOR_BF16_CACHE': os.path.join(_tmp_root, 'cache')})
+  _cache_env.start()
+
+
+def tearDownModule():
+  _cache_env.stop()
+  shutil.rmtree(_tmp_root, ignore_errors=True)
+
+
+def _two_variable_step(optimizer_fn, clip=False):
+  """loss = a*x + sqrt(|b*x|): at x=0 only b's gradient is NaN."""
+  x = tf.compat.v1.placeholder(tf.float32, [])
+  global_step = tf.compat.v1.train.get_or_create_global_step()
+  a = tf.compat.v1.get_variable('a', initializer=1.0)
+  b = tf.compat.v1.get_variable('b', initializer=2.0)
+  loss = a * x + tf.sqrt(tf.abs(b * x))
+  optimizer = optimizer_fn()
+  grads_and_vars = optimizer.compute_gradients(loss)
+  if clip:
+    grads, variables = zip(*grads_and_vars)
+    grads, _ = tf.clip_by_global_norm(grads, 1.0)
+    grads_and_vars = list(zip(grads, variables))
+  train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+  return x, train_op, [a, b, global_step]
+
+
+class NumericGuardTest(tf.test.TestCase):
+
+  def _run_to_failure(self, x, train_op, watched, bad_x):
+    with self.session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op, {x: 1.0})
+      before = session.run(watched)
+      with self.assertRaises(tf.errors.InvalidArgumentError) as caught:
+        session.run(train_op, {x: bad_x})
+      after = session.run(watched)
+    return before, after, guards.translate_error(caught.exception)
+
+  def test_nan_gradient_names_step_and_variable_and_applies_nothing(self):
+    with tf.Graph().as_default():
+      with guards.numeric_guard() as guard:
+        x, train_op, watched = _two_variable_step(
+            lambda: tf.compat.v1.train.AdamOptimizer(0.1), clip=True)
+      self.assertEqual(guard.updates, 1)
+      before, after, error = self._run_to_failure(x, train_op, watched, 0.0)
+    self.assertIsInstance(error, guards.NumericGuardError)
+    self.assertEqual(error.step, 1)
+    # Checked before clipping, so only the variable where it started.
+    self.assertEqual(error.tensors, ['gradient of b (1 NaN, 0 Inf of 1 '
+                                     'values)'])
+    self.assertIn('global step 1', str(error))
+    # Neither variable moved (a's gradient was finite), nor the step.
+    self.assertAllEqual(before, after)
+
+  def test_nan_loss_is_named(self):
+    with tf.Graph().as_default():
+      with guards.numeric_guard():
+        x, train_op, watched = _two_variable_step(
+            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1))
+      before, after, error = self._run_to_failure(x, train_op, watched,
+                                                  np.nan)
+    self.assertEqual(error.tensors[0], 'loss (1 NaN, 0 Inf of 1 values)')
+    self.assertAllEqual(before, after)
+
+  def test_gradients_spoiled_after_compute_are_named_as_applied(self):
+    with tf.Graph().as_default():
+      scale = tf.compat.v1.placeholder(tf.float32, [])
+      with guards.numeric_guard():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable('w', initializer=1.0)
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        (grad, var), = optimizer.compute_gradients(w * w)
+        train_op = optimizer.apply_gradients([(grad * scale, var)],
+                                             global_step=global_step)
+      with self.session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(train_op, {scale: 1.0})
+        with self.assertRaises(tf.errors.InvalidArgumentError) as caught:
+          session.run(train_op, {scale: np.inf})
+        self.assertAllClose(session.run([w, global_step]), [0.8, 1])
+    self.assertEqual(guards.translate_error(caught.exception).tensors,
+                     ['gradient of w (as applied) (0 NaN, 1 Inf of 1 values)'])
+
+  def test_patch_is_undone_even_when_the_body_raises(self):
+    originals = (tf.compat.v1.train.Optimizer.apply_gradients,
+                 tf.compat.v1.train.Optimizer.compute_gradients,
+                 tf.compat.v1.tpu.CrossShardOptimizer.apply_gradients)
+    with self.assertRaises(RuntimeError):
+      with guards.numeric_guard():
+        self.assertIsNot(tf.compat.v1.train.Optimizer.apply_gradients,
+                         originals[0])
+        raise RuntimeError('model_fn failed')
+    self.assertEqual((tf.compat.v1.train.Optimizer.apply_gradients,
+                      tf.compat.v1.train.Optimizer.compute_gradients,
+                      tf.compat.v1.tpu.CrossShardOptimizer.apply_gradients),
+                     originals)
+
+  def test_other_threads_are_not_guarded(self):
+    built = {}
+
+    def build_elsewhere():
+      with tf.Graph().as_default() as graph:
+        _two_variable_step(
+            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        built['ops'] = [op.name for op in graph.get_operations()]
+
+    with guards.numeric_guard():
+      thread = threading.Thread(target=build_elsewhere)
+      thread.start()
+      thread.join()
+    self.assertFalse([name for name in built['ops'] if 'numeric_guard' in
+                      name])
+
+  def test_guard_model_fn_stands_aside_outside_train_and_on_tpu(self):
+    def model_fn(features, labels, mode, params):
+      del labels, mode, params
+      w = tf.compat.v1.get_variable('w', initializer=1.0)
+      loss = w * features
+      return tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+
+    guarded = guards.guard_model_fn(model_fn)
+    for mode, params, guarded_ops in (('train', {}, True),
+                                      ('train', {'use_tpu': True}, False),
+                                      ('eval', {}, False)):
+      with tf.Graph().as_default() as graph:
+        guarded(tf.constant(1.0), None, mode, params)
+        names = [op.name for op in graph.get_operations()]
+      self.assertEqual(any('numeric_guard' in n for n in names), guarded_ops,
+                       (mode, params))
+
+  def test_unrelated_errors_are_not_translated(self):
+    self.assertIsNone(guards.translate_error(
+        tf.errors.InvalidArgumentError(None, None, 'assertion failed: [x]')))
+
+
+def _diverging_run(name, **overrides):
+  """mnist_mlp with a learning rate that overflows within two steps."""
+  options = dict(model='mnist_mlp', precision='bfloat16',
+                 model_dir=os.path.join(_tmp_root, name), optimizer='sgd',
+                 learning_rate=1e30, train_steps=6, train_batch_size=8,
+                 eval_steps=1, save_checkpoints_steps=1, export=False)
+  options.update(overrides)
+  return training.TrainOptions(**options)
+
+
+def _checkpoint_steps(model_dir):
+  state = tf.train.get_checkpoint_state(model_dir)
+  return sorted(int(p.rsplit('-', 1)[1])
+                for p in state.all_model_checkpoint_paths)
+
+
+def _all_finite(model_dir):
+  reader = tf.train.load_checkpoint(model_dir)
+  return all(np.all(np.isfinite(reader.get_tensor(name)))
+             for name, dtype in reader.get_variable_to_dtype_map().items()
+             if dtype.is_floating)
+
+
+class GuardedTrainingTest(tf.test.TestCase):
+
+  def test_cli_run_stops_with_step_and_tensor_and_good_checkpoint(self):
+    options = _diverging_run('guarded')
+    with self.assertRaises(guards.NumericGuardError) as caught:
+      training.run(options)
+    error = caught.exception
+    self.assertIsNotNone(error.step)
+    self.assertTrue(error.tensors, str(error))
+    self.assertRegex(str(error), r'global step \d+ in (loss|gradient of)')
+    self.assertIn('--learning_rate', str(error))
+    # A checkpoint per step up to the failing step, none after, all finite.
+    self.assertEqual(_checkpoint_steps(options.model_dir)[-1], error.step)
+    self.assertTrue(_all_finite(options.model_dir))
+
+  def test_without_the_guard_the_nan_reaches_the_weights(self):
+    # What the guard prevents: the Estimator's own NaN check fires after
+    # the update, so the bad values are already in the variables.
+    options = _diverging_run('unguarded', numeric_guard=False)
+    with self.assertRaises(tf.compat.v1.train.NanLossDuringTrainingError):
+      training.run(options)
+
+
+class ActivationStatsTest(tf.test.TestCase):
+
+  def test_bfloat16_run_reports_ranges_and_float32_reports_none(self):
+    reports = {}
+    for precision in ('bfloat16', 'float32'):
+      model_dir = os.path.join(_tmp_root, 'stats_' + precision)
+      result = training.run(training.TrainOptions(
+          model='mnist_mlp', precision=precision, model_dir=model_dir,
+          train_steps=4, train_batch_size=8, eval_steps=1, export=False,
+          activation_stats_steps=2))
+      reports[precision] = result['activation_stats']
+    self.assertEqual(reports['float32'], [])
+    rows = reports['bfloat16']
+    names = [row['tensor'] for row in rows]
+    self.assertTrue(any('hidden/Relu' in n for n in names), names)
+    self.assertTrue(any('logits/MatMul' in n for n in names), names)
+    for row in rows:
+      self.assertTrue(0 < row['max_abs'] < activation_stats.BFLOAT16_MAX)
+      self.assertBetween(row['zero_share'], 0.0, 1.0)
+      self.assertBetween(row['underflow_share'], 0.0, 1.0)
+      self.assertEqual(row['nonfinite'], 0)
+    relu = [row for row in rows if 'hidden/Relu' in row['tensor']][0]
+    self.assertGreater(relu['zero_share'], 0.1)  # ReLU zeroes about half
+    with open(os.path.join(_tmp_root, 'stats_bfloat16',
+                           'activation_stats.json')) as f:
+      written = json.load(f)
+    self.assertEqual(written['step'], 2)
+    self.assertLen(written['tensors'], len(rows))
+
+
+if __name__ == '__main__':
+  tf.test.main()

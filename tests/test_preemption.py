@@ -1,0 +1,380 @@
+"""Kill `python -m models.train` at bad moments; it must resume correctly.
+
+One model_dir goes through a series of real processes of the CLI, each
+stopped in a different way: SIGKILL at a random step, SIGKILL while a
+checkpoint is being written, SIGKILL right after one is written, SIGKILL
+while a restarted run rewrites the checkpoint it restored, and SIGTERM (a
+preemption notice). After each, the test finds the newest checkpoint the
+state file names that reads completely, checks that the next run restores
+exactly that one, and that no more than one checkpoint interval of steps
+was lost. The last run trains to the end. Unit tests cover what the timing
+rarely reaches: a corrupt newest checkpoint, a garbled state file.
+"""
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from estimator_bf16 import recovery
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STEPS = 60
+_INTERVAL = 10
+_SEED = 20240611  # kill moments are drawn from this, for repeatable runs
+_POLL_SECONDS = 0.0005
+_TIMEOUT_SECONDS = 240
+_PREEMPTED_STATUS = 128 + signal.SIGTERM
+
+_RESTORED_RE = re.compile(r'Restoring parameters from \S*model\.ckpt-(\d+)')
+_STEP_RE = re.compile(r'\] step (\d+): ')  # ThroughputHook, read before
+_SAVING_RE = re.compile(r'Saving checkpoints for (\d+) into')
+_STOPPED_RE = re.compile(r'Stopping at global step (\d+) on SIGTERM')
+
+
+def _state_step(model_dir):
+  """Step of the checkpoint the state file names, or None."""
+  state = tf.train.get_checkpoint_state(model_dir)
+  if state is None:
+    return None
+  return recovery.checkpoint_step(state.model_checkpoint_path)
+
+
+def _read_fully(prefix):
+  """The global step of a checkpoint, after reading every tensor of it."""
+  reader = tf.train.load_checkpoint(prefix)
+  for name in reader.get_variable_to_shape_map():
+    reader.get_tensor(name)
+  return int(reader.get_tensor('global_step'))
+
+
+def _newest_whole(model_dir):
+  """(step of the newest listed checkpoint that reads whole, skipped ones).
+
+  Computed here independently of `recovery`: a kill while TensorFlow
+  rewrites an index in place can leave the newest one unreadable, and the
+  next run must then resume from the one before.
+  """
+  state = tf.train.get_checkpoint_state(model_dir)
+  if state is None:
+    return None, []
+  skipped = []
+  for prefix in reversed(list(state.all_model_checkpoint_paths)):
+    try:
+      step = _read_fully(prefix)
+    except (tf.errors.OpError, ValueError):
+      skipped.append(prefix)
+      continue
+    if step != recovery.checkpoint_step(prefix):
+      raise AssertionError('%s holds step %d' % (prefix, step))
+    return step, skipped
+  raise AssertionError('no listed checkpoint in %s reads whole' % model_dir)
+
+
+class _Run(object):
+  """One CLI process on the shared model_dir; its log is parsed as it grows."""
+
+  def __init__(self, model_dir, log_path, env):
+    self.model_dir = model_dir
+    self._log_path = log_path
+    self._offset = 0
+    self._text = ''
+    self.last_step = None  # ThroughputHook's latest 'step N'
+    self.saves = []  # 'Saving checkpoints for N', in order
+    self.restored = None  # the step of 'Restoring parameters from'
+    self.stopped = None  # 'Stopping at global step N on SIGTERM'
+    command = [
+        sys.executable, '-m', 'models.train', '--model=mnist_mlp',
+        '--precision=bfloat16', '--model_dir=' + model_dir,
+        '--train_steps=%d' % _STEPS, '--train_batch_size=8',
+        '--save_checkpoints_steps=%d' % _INTERVAL, '--keep_checkpoint_max=3',
+        '--eval_steps=1', '--export=false', '--log_every_steps=1']
+    self._log = open(log_path, 'w')
+    self.process = subprocess.Popen(command, cwd=_REPO, env=env,
+                                    stdout=subprocess.DEVNULL,
+                                    stderr=self._log)
+
+  def refresh(self):
+    """Parses the log lines written since the last call."""
+    with open(self._log_path) as f:
+      f.seek(self._offset)
+      new = f.read()
+    # Only whole lines: the rest is read again next time.
+    new = new[:new.rfind('\n') + 1]
+    self._offset += len(new.encode())
+    self._text += new
+    for match in _STEP_RE.finditer(new):
+      self.last_step = max(self.last_step or 0, int(match.group(1)))
+    self.saves += [int(v) for v in _SAVING_RE.findall(new)]
+    restored = _RESTORED_RE.findall(new)
+    if restored:
+      self.restored = int(restored[-1])
+    stopped = _STOPPED_RE.findall(new)
+    if stopped:
+      self.stopped = int(stopped[-1])
+
+  def tail(self):
+    self.refresh()
+    return self._text[-3000:]
+
+  def wait_for(self, condition, what):
+    deadline = time.monotonic() + _TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+      self.refresh()
+      if condition():
+        return
+      if self.process.poll() is not None:
+        self.refresh()
+        if condition():
+          return
+        raise AssertionError('the run ended before %s:\n%s' % (
+            what, self.tail()))
+      time.sleep(_POLL_SECONDS)
+    raise AssertionError('timed out waiting for %s' % what)
+
+  def kill(self, signum=signal.SIGKILL):
+    self.process.send_signal(signum)
+    return self.finish()
+
+  def finish(self):
+    status = self.process.wait(timeout=_TIMEOUT_SECONDS)
+    self._log.close()
+    self.refresh()
+    return status
+
+  def progress(self):
+    """Steps completed when the process ended, from its log."""
+    done = [0]
+    if self.last_step is not None:
+      done.append(self.last_step + 1)  # logged: the step before the update
+    if self.saves:
+      done.append(max(self.saves))  # a save starts once its step is done
+    return max(done)
+
+
+def _temp_dir_step(model_dir):
+  """Step of a checkpoint save in progress ('<prefix>_temp/'), or None."""
+  try:
+    names = os.listdir(model_dir)
+  except FileNotFoundError:
+    return None
+  steps = [recovery.checkpoint_step(name[:-len('_temp')])
+           for name in names if name.endswith('_temp')]
+  steps = [s for s in steps if s is not None]
+  return max(steps) if steps else None
+
+
+@pytest.mark.slow
+class KillAndResumeTest(tf.test.TestCase):
+
+  def test_survives_kills_and_sigterm_and_finishes(self):
+    root = self.create_tempdir().full_path
+    model_dir = os.path.join(root, 'model')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='1',
+               ESTIMATOR_BF16_CACHE=os.path.join(root, 'cache'))
+    rng = random.Random(_SEED)
+    runs = []
+    resume_from = [None]  # newest whole checkpoint after the last stop
+    lost_steps = []
+    report = []
+
+    def start():
+      runs.append(_Run(model_dir, os.path.join(root, 'run%d.log' % len(runs)),
+                       env))
+      return runs[-1]
+
+    def wait_resumed(run):
+      """The run restored the checkpoint the last stop left as newest."""
+      if resume_from[0] is None:
+        return
+      run.wait_for(lambda: run.restored is not None, 'the restore')
+      self.assertEqual(run.restored, resume_from[0], run.tail())
+
+    def check_stopped(run, how, status):
+      """A listed checkpoint reads whole; at most one interval is lost."""
+      newest, unreadable = _newest_whole(model_dir)
+      lost = run.progress() - (newest or 0)
+      lost_steps.append(lost)
+      report.append('%-30s exit %4s  progress %2d  newest whole ckpt %2s  '
+                    'lost %2d%s' % (how, status, run.progress(), newest, lost,
+                                    '  (unreadable: %s)' % unreadable
+                                    if unreadable else ''))
+      self.assertLessEqual(lost, _INTERVAL, report[-1])
+      resume_from[0] = newest
+
+    # 1. SIGKILL at a random step past the first interval.
+    run = start()
+    target = rng.randint(_INTERVAL + 2, 2 * _INTERVAL + 8)
+    run.wait_for(lambda: (run.last_step or 0) >= target, 'step %d' % target)
+    check_stopped(run, 'SIGKILL at step %d' % run.last_step, run.kill())
+
+    # 2. SIGKILL while a new checkpoint is being written. Waiting for the
+    # restore first: the run removes leftovers of killed saves before it.
+    run = start()
+    wait_resumed(run)
+    begun = resume_from[0]
+    run.wait_for(lambda: (_temp_dir_step(model_dir) or 0) > begun,
+                 'a checkpoint save')
+    status = run.kill()
+    saving = max(run.saves)
+    mid_save = _temp_dir_step(model_dir) == saving
+    check_stopped(run, 'SIGKILL saving ckpt-%d%s' % (
+        saving, '' if mid_save else ' (late)'), status)
+    self.assertIn(resume_from[0], (saving - _INTERVAL, saving))
+
+    # 3. SIGKILL right after the state file names a new checkpoint.
+    run = start()
+    wait_resumed(run)
+    begun = resume_from[0]
+    run.wait_for(lambda: (_state_step(model_dir) or 0) > begun,
+                 'a new checkpoint')
+    check_stopped(run, 'SIGKILL after ckpt-%d' % _state_step(model_dir),
+                  run.kill())
+
+    # 4. SIGKILL while the restarted run rewrites the checkpoint it
+    # restored (the Estimator saves once as the session starts).
+    run = start()
+    wait_resumed(run)
+    begun = resume_from[0]
+    run.wait_for(lambda: begun in run.saves or
+                 _temp_dir_step(model_dir) == begun,
+                 'the re-save of ckpt-%d' % begun)
+    check_stopped(run, 'SIGKILL re-saving ckpt-%d' % begun, run.kill())
+
+    # 5. SIGTERM at a random step: a final checkpoint at that very step.
+    run = start()
+    wait_resumed(run)
+    target = min(_STEPS - 5, resume_from[0] + rng.randint(3, 12))
+    run.wait_for(lambda: (run.last_step or 0) >= target, 'step %d' % target)
+    status = run.kill(signal.SIGTERM)
+    self.assertEqual(status, _PREEMPTED_STATUS, run.tail())
+    self.assertIsNotNone(run.stopped, run.tail())
+    self.assertEqual(_newest_whole(model_dir)[0], run.stopped)
+    check_stopped(run, 'SIGTERM at step %d' % run.stopped, status)
+    self.assertEqual(lost_steps[-1], 0)
+
+    # 6. Left alone, it reaches the same final step.
+    run = start()
+    wait_resumed(run)
+    status = run.finish()
+    self.assertEqual(status, 0, run.tail())
+    self.assertEqual(_state_step(model_dir), _STEPS)
+    self.assertEqual(_newest_whole(model_dir)[0], _STEPS)
+    self.assertIsNone(_temp_dir_step(model_dir))
+    print('\n'.join(['kill/resume cycles (checkpoint every %d steps):' %
+                     _INTERVAL] + report +
+                    ['max steps lost: %d' % max(lost_steps)]))
+
+
+def _train_checkpoints(model_dir, steps):
+  """Writes checkpoints at each step of `steps` with a tiny graph."""
+  with tf.Graph().as_default():
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    tf.compat.v1.get_variable('w', initializer=tf.ones([4, 4]))
+    saver = tf.compat.v1.train.Saver(max_to_keep=10)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for step in steps:
+        session.run(global_step.assign(step))
+        saver.save(session, os.path.join(model_dir, 'model.ckpt'),
+                   global_step=step)
+
+
+class EnsureRestorableTest(tf.test.TestCase):
+
+  def test_corrupt_newest_falls_back_to_previous(self):
+    model_dir = self.create_tempdir().full_path
+    _train_checkpoints(model_dir, [10, 20, 30])
+    # What a kill during an index rewrite leaves: a truncated index.
+    index = os.path.join(model_dir, 'model.ckpt-30.index')
+    with open(index, 'r+b') as f:
+      f.truncate(os.path.getsize(index) // 2)
+    prefix = recovery.ensure_restorable(model_dir)
+    self.assertEqual(recovery.checkpoint_step(prefix), 20)
+    self.assertEqual(tf.train.latest_checkpoint(model_dir), prefix)
+    self.assertEqual(_state_step(model_dir), 20)
+
+  def test_missing_data_file_falls_back(self):
+    model_dir = self.create_tempdir().full_path
+    _train_checkpoints(model_dir, [10, 20])
+    os.remove(os.path.join(model_dir, 'model.ckpt-20.data-00000-of-00001'))
+    self.assertEqual(recovery.checkpoint_step(
+        recovery.ensure_restorable(model_dir)), 10)
+
+  def test_garbled_state_file_uses_newest_on_disk(self):
+    model_dir = self.create_tempdir().full_path
+    _train_checkpoints(model_dir, [10, 20])
+    with open(os.path.join(model_dir, 'checkpoint'), 'w') as f:
+      f.write('model_checkpoint_path: "model.ckpt-2')  # cut mid-write
+    self.assertEqual(recovery.checkpoint_step(
+        recovery.ensure_restorable(model_dir)), 20)
+    self.assertEqual(_state_step(model_dir), 20)
+
+  def test_nothing_readable_is_an_error(self):
+    model_dir = self.create_tempdir().full_path
+    _train_checkpoints(model_dir, [10])
+    with open(os.path.join(model_dir, 'model.ckpt-10.index'), 'wb') as f:
+      f.write(b'not an index')
+    with self.assertRaisesRegex(recovery.CheckpointError,
+                                'No checkpoint in .* can be read'):
+      recovery.ensure_restorable(model_dir)
+
+  def test_interrupted_save_is_cleaned_and_fresh_dir_is_none(self):
+    model_dir = self.create_tempdir().full_path
+    self.assertIsNone(recovery.ensure_restorable(model_dir))
+    self.assertIsNone(recovery.ensure_restorable(
+        os.path.join(model_dir, 'not_yet')))
+    _train_checkpoints(model_dir, [10])
+    temp = os.path.join(model_dir, 'model.ckpt-20_temp')
+    os.makedirs(temp)
+    with open(os.path.join(temp, 'part-00000-of-00001.tempstate1'), 'w') as f:
+      f.write('partial')
+    self.assertEqual(recovery.checkpoint_step(
+        recovery.ensure_restorable(model_dir)), 10)
+    self.assertFalse(os.path.exists(temp))
+
+
+class SignalStopperTest(tf.test.TestCase):
+
+  def test_sigterm_requests_a_stop_and_handler_is_restored(self):
+    before = signal.getsignal(signal.SIGTERM)
+    with recovery.stop_on_sigterm() as stopper:
+      self.assertFalse(stopper.requested)
+      os.kill(os.getpid(), signal.SIGTERM)
+      deadline = time.monotonic() + 5
+      while not stopper.requested and time.monotonic() < deadline:
+        time.sleep(0.01)
+      self.assertTrue(stopper.requested)
+      self.assertEqual(stopper.signal_name, 'SIGTERM')
+    self.assertEqual(signal.getsignal(signal.SIGTERM), before)
+
+  def test_stop_hook_stops_monitored_session_and_saves(self):
+    model_dir = self.create_tempdir().full_path
+    with tf.Graph().as_default():
+      global_step = tf.compat.v1.train.get_or_create_global_step()
+      train_op = global_step.assign_add(1)
+      with recovery.stop_on_sigterm() as stopper:
+        hooks = [stopper.hook, tf.compat.v1.train.CheckpointSaverHook(
+            model_dir, save_steps=1000)]
+        with tf.compat.v1.train.MonitoredSession(hooks=hooks) as session:
+          for step in range(100):
+            if step == 7:
+              os.kill(os.getpid(), signal.SIGTERM)
+              time.sleep(0.05)  # let Python run the handler
+            if session.should_stop():
+              break
+            session.run(train_op)
+    self.assertTrue(stopper.requested)
+    self.assertEqual(stopper.step, 8)
+    # The saver hook wrote the final checkpoint as the session closed.
+    self.assertEqual(_state_step(model_dir), 8)
+
+
+if __name__ == '__main__':
+  tf.test.main()
