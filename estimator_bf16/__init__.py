@@ -22,6 +22,8 @@ from estimator_bf16.casting import cast_features
 from estimator_bf16.casting import to_float32
 from estimator_bf16.estimator import make_tpu_estimator
 from estimator_bf16.float32_list import float32_ops
+from estimator_bf16.guards import NumericGuardError
+from estimator_bf16.guards import guard_model_fn
 from estimator_bf16.precision import PRECISIONS
 from estimator_bf16.precision import compute_dtype
 from estimator_bf16.scope import bfloat16_scope
@@ -37,6 +39,7 @@ __all__ = [
     'AdafactorOptimizer',
     'BACKEND',
     'GraphReport',
+    'NumericGuardError',
     'PRECISIONS',
     'PrecisionError',
     'bfloat16_scope',
@@ -46,6 +49,7 @@ __all__ = [
     'compat',
     'compute_dtype',
     'float32_ops',
+    'guard_model_fn',
     'make_tpu_estimator',
     'to_float32',
     'wrap_input_fn',

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from estimator_bf16 import _tf_check
 from estimator_bf16 import compat
+from estimator_bf16 import guards
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import wrappers
 from estimator_bf16.compat import tpu_estimator as compat_tpu
@@ -78,7 +79,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
                        keep_checkpoint_max=5, save_summary_steps=100,
                        log_step_count_steps=100, tf_random_seed=None,
                        audit='strict', exclude=(), session_config=None,
-                       eval_on_tpu=True, backend='auto'):
+                       eval_on_tpu=True, backend='auto',
+                       numeric_guard=False):
   """Builds a `TPUEstimator` that runs `model_fn` in `precision`.
 
   Args:
@@ -107,6 +109,9 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     backend: `'auto'` (the real TPUEstimator on TensorFlow 2.15, the compat
       one on 2.16+), `'tf_estimator'` or `'compat'` (which also runs on
       2.15, e.g. to compare the two).
+    numeric_guard: stop training with `guards.NumericGuardError` (naming the
+      step and the tensor) when the loss or a gradient is NaN/Inf, before
+      that step's update is applied (see `estimator_bf16.guards`).
 
   Returns:
     A `tf.compat.v1.estimator.tpu.TPUEstimator`, or an
@@ -176,6 +181,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       tf_random_seed=tf_random_seed,
       session_config=session_config,
       tpu_config=tpu_config)
+  if numeric_guard:
+    model_fn = guards.guard_model_fn(model_fn)
   return tpu_lib.TPUEstimator(
       model_fn=wrappers.wrap_model_fn(model_fn, precision, audit=audit,
                                       exclude=exclude),

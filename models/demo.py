@@ -111,5 +111,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  if eb.BACKEND == 'compat':
+    eb.compat.install()  # TensorFlow 2.16+: see models/train.py.
   define_flags()
   app.run(main)

@@ -126,6 +126,10 @@ def main(argv):
 
 def run(argv=None):
   """Console entry point (`estimator-bf16-train`)."""
+  if eb.BACKEND == 'compat':
+    # TensorFlow 2.16+: the reference models name tf.estimator (ModeKeys,
+    # TPUEstimatorSpec); this program opts in to the stand-in explicitly.
+    eb.compat.install()
   define_flags()
   app.run(main, argv=argv)
 

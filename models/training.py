@@ -353,15 +353,13 @@ def run(options, hooks=()):
   recovery.ensure_restorable(options.model_dir)
   logging.info('Training %s in %s on %s: %s', options.model,
                options.precision, options.dataset, model.config)
-  model_fn = model.model_fn
-  if options.numeric_guard:
-    model_fn = guards.guard_model_fn(model_fn)
   # On a CPU each session.run is one step; TPUEstimator would still divide
   # its logging interval by iterations_per_loop and log (and write
   # examples/sec summaries) every step.
   steps_per_run = options.iterations_per_loop if options.use_tpu else 1
   estimator = eb.make_tpu_estimator(
-      model_fn, model_dir=options.model_dir,
+      model.model_fn, model_dir=options.model_dir,
+      numeric_guard=options.numeric_guard,
       precision=options.precision, use_tpu=options.use_tpu, tpu=options.tpu,
       tpu_zone=options.tpu_zone, gcp_project=options.gcp_project,
       train_batch_size=options.train_batch_size,

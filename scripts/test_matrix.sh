@@ -33,12 +33,7 @@ TF_LATEST_DEFAULT=(
   tests/test_estimator.py tests/test_tf_check.py tests/test_compat_backend.py
   tests/test_resnet.py tests/test_bert.py tests/test_train_cli.py
 )
-# Tests that start a program in a subprocess, where the session-wide
-# install() below does not reach: they pass on TensorFlow 2.16+ once
-# models/train.py calls eb.compat.install() itself.
-TF_LATEST_DESELECT=(
-  tests/test_train_cli.py::CommandLineTest::test_command_trains_evaluates_and_exports
-)
+TF_LATEST_DESELECT=()
 
 run_tf_latest() {
   # The session-wide compat.install() is the opt-in legacy users make, and
