@@ -11,7 +11,8 @@ setuptools.setup(
     long_description_content_type='text/markdown',
     packages=setuptools.find_packages(include=['estimator_bf16',
                                                'estimator_bf16.*', 'models',
-                                               'models.*', 'scripts', 'scripts.*']),
+                                               'models.*', 'scripts', 'scripts.*',
+                                               'benchmarks']),
     python_requires='>=3.9',
     install_requires=[
         # 2.15 is the last release with tf.estimator (the real TPUEstimator,

@@ -24,6 +24,9 @@ from estimator_bf16.estimator import make_tpu_estimator
 from estimator_bf16.float32_list import float32_ops
 from estimator_bf16.guards import NumericGuardError
 from estimator_bf16.guards import guard_model_fn
+from estimator_bf16.planner import MemoryPlan
+from estimator_bf16.planner import TPU_CORE_BYTES
+from estimator_bf16.planner import memory_plan
 from estimator_bf16.precision import PRECISIONS
 from estimator_bf16.precision import compute_dtype
 from estimator_bf16.scope import bfloat16_scope
@@ -39,9 +42,11 @@ __all__ = [
     'AdafactorOptimizer',
     'BACKEND',
     'GraphReport',
+    'MemoryPlan',
     'NumericGuardError',
     'PRECISIONS',
     'PrecisionError',
+    'TPU_CORE_BYTES',
     'bfloat16_scope',
     'build_network',
     'cast_features',
@@ -51,6 +56,7 @@ __all__ = [
     'float32_ops',
     'guard_model_fn',
     'make_tpu_estimator',
+    'memory_plan',
     'to_float32',
     'wrap_input_fn',
     'wrap_model_fn',

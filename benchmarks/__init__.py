@@ -1,0 +1,18 @@
+"""Benchmarks of estimator_bf16: bfloat16 against float32, measured here.
+
+One concern per module:
+
+- `configs`: the models, sizes and run lengths of the quick and full modes.
+- `graphs`: training-step graphs of the reference models, as users build
+  them (unmodified model_fn, `eb.wrap_model_fn`, `eb.wrap_input_fn`).
+- `kernels`: one matmul and one convolution, bfloat16 against float32.
+- `memory`: measured step peaks and the largest batch within a budget.
+- `throughput`: examples/sec in alternating windows.
+- `overhead`: the wrapper against hand-written bfloat16 code.
+- `keras_baseline`: the same MLP under Keras's `mixed_bfloat16` policy.
+- `planning`: the memory planner on the benchmarked models.
+- `convergence`: loss curves and eval metrics of both precisions.
+- `env`: CPU flags, versions and load of the machine.
+- `report`: Markdown tables, targets and the loss-curve PNG.
+- `runner`: runs them all in order; `scripts/benchmark.py` is the program.
+"""

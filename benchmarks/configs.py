@@ -1,0 +1,170 @@
+"""What the benchmark measures: the models, their sizes and the run lengths.
+
+`quick_config()` fits in minutes on a 2-core CPU (ResNet-18 on small images,
+BERT-small at sequence length 128, the MNIST MLP); `full_config()` uses the
+sizes the issue names (ResNet-50 on small images, BERT-base at 128). Every
+number a benchmark uses comes from here, so a reader can trace it in one hop.
+"""
+
+import dataclasses
+from typing import Tuple
+
+MiB = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """One benchmarked model.
+
+  Attributes:
+    name: key under `models` in results.json; contains the family name.
+    family: 'resnet', 'bert' or 'mnist_mlp'.
+    batch_size: batch of the peak-memory and throughput measurements.
+    optimizer: name for `models.optimization.create_optimizer`; the usual
+      one for the family (momentum for ResNet, BERT's AdamW, Adam for MLP).
+    learning_rate: any sane value: the benchmark times steps, it does not
+      need them to converge.
+    resnet_depth: ResNet depth (18 or 50 here).
+    image_size: side of the (square) input images.
+    num_classes: width of the logits.
+    bert_preset: `models.bert.BertConfig.preset` name.
+    seq_length: BERT tokens per example.
+    vocab_size: BERT vocabulary; the real WordPiece size, since the embedding
+      table is a large share of BERT's parameters and optimizer state.
+    budget_mib: the CPU memory budget of the "largest batch that fits"
+      search. It is set per model so the search stays within minutes here:
+      filling a budget with activations costs compute in proportion.
+  """
+  name: str
+  family: str
+  batch_size: int
+  optimizer: str
+  learning_rate: float = 1e-3
+  resnet_depth: int = 18
+  image_size: int = 28
+  num_classes: int = 10
+  bert_preset: str = 'small'
+  seq_length: int = 128
+  vocab_size: int = 30522
+  budget_mib: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkConfig:
+  """Run lengths and budgets of one benchmark mode.
+
+  Attributes:
+    mode: 'quick' or 'full'.
+    models: the `ModelSpec`s measured in both precisions.
+    warmup_steps: untimed steps before the first window (graph
+      optimisation, allocator growth, oneDNN primitive creation).
+    window_steps: steps per timed window, per model name (throughput is the
+      median over windows).
+    windows: timed windows per precision; precisions alternate.
+    batch_tolerance: the search stops when the fitting and failing batches
+      are within this fraction of each other.
+    max_search_measurements: at most this many measurements per search
+      besides the peak at the benchmark batch (each runs two steps at about
+      the largest batch, the costliest part of the whole benchmark).
+    overhead_model: name of the model of the wrapper-overhead benchmark.
+    overhead_batch_size: its batch.
+    overhead_window_steps: its steps per window.
+    overhead_windows: timed windows per variant in that benchmark (many
+      one-step windows: it resolves a difference of a few percent).
+    adafactor_model: name of the model of the Adafactor comparison; '' picks
+      the first BERT (its embedding table makes optimizer state matter).
+    keras_batch_size: batch of the Keras comparison (MNIST MLP).
+    keras_window_steps: its steps per window.
+    convergence_steps: (MNIST MLP steps, BERT steps) of the parity runs.
+    convergence_bert_preset: BERT size of the parity run (synthetic task).
+    tpu_plans: full-size models the planner answers the "what batch fits a
+      v2 / v3 core" question for, besides the benchmarked ones; planning
+      builds graphs but never runs them, so they may be far larger than
+      this CPU can train (each costs two graph builds, ~a minute for
+      BERT-base here).
+  """
+  mode: str
+  models: Tuple[ModelSpec, ...]
+  warmup_steps: int = 3
+  window_steps: Tuple[Tuple[str, int], ...] = ()
+  windows: int = 5
+  batch_tolerance: float = 0.08
+  max_search_measurements: int = 6
+  overhead_model: str = 'mnist_mlp'
+  overhead_batch_size: int = 512
+  overhead_window_steps: int = 1
+  overhead_windows: int = 400
+  adafactor_model: str = ''
+  keras_batch_size: int = 256
+  keras_window_steps: int = 40
+  convergence_steps: Tuple[int, int] = (300, 150)
+  convergence_bert_preset: str = 'tiny'
+  tpu_plans: Tuple[ModelSpec, ...] = ()
+
+  def steps_per_window(self, name):
+    return dict(self.window_steps).get(name, 5)
+
+  def model(self, name):
+    for spec in self.models:
+      if spec.name == name:
+        return spec
+    raise KeyError('No benchmarked model named %r; have %s.' %
+                   (name, ', '.join(m.name for m in self.models)))
+
+
+# The questions users ask about TPUs are about full-size models: ResNet-50 on
+# 224x224 ImageNet and BERT-base at 128 tokens, per core.
+RESNET50_224PX = ModelSpec('resnet50_224px', 'resnet', batch_size=0,
+                           optimizer='momentum', resnet_depth=50,
+                           image_size=224, num_classes=1000)
+BERT_BASE_SEQ128 = ModelSpec('bert_base_seq128', 'bert', batch_size=0,
+                             optimizer='adamw', bert_preset='base',
+                             seq_length=128, num_classes=2)
+
+
+def quick_config():
+  """Minutes on a 2-core CPU; the models are smaller than the full ones."""
+  models = (
+      ModelSpec('resnet18_32px', 'resnet', batch_size=32,
+                optimizer='momentum', resnet_depth=18, image_size=32,
+                num_classes=100, budget_mib=160),
+      ModelSpec('bert_mini_seq128', 'bert', batch_size=16,
+                optimizer='adamw', bert_preset='mini', seq_length=128,
+                num_classes=2, budget_mib=1024),
+      ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=256, optimizer='adam',
+                budget_mib=64),
+  )
+  return BenchmarkConfig(
+      mode='quick', models=models,
+      window_steps=(('resnet18_32px', 2), ('bert_mini_seq128', 3),
+                    ('mnist_mlp', 40)),
+      warmup_steps=2, windows=4, max_search_measurements=3,
+      convergence_steps=(300, 150), convergence_bert_preset='tiny')
+
+
+def full_config():
+  """The sizes the issue names; an hour or more on a 2-core CPU."""
+  models = (
+      ModelSpec('resnet50_96px', 'resnet', batch_size=32,
+                optimizer='momentum', resnet_depth=50, image_size=96,
+                num_classes=1000, budget_mib=2048),
+      ModelSpec('bert_base_seq128', 'bert', batch_size=16,
+                optimizer='adamw', bert_preset='base', seq_length=128,
+                num_classes=2, budget_mib=6144),
+      ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=256, optimizer='adam',
+                budget_mib=256),
+  )
+  return BenchmarkConfig(
+      mode='full', models=models,
+      window_steps=(('resnet50_96px', 3), ('bert_base_seq128', 3),
+                    ('mnist_mlp', 100)),
+      windows=7, overhead_windows=1000, convergence_steps=(1000, 400),
+      convergence_bert_preset='mini',
+      tpu_plans=(RESNET50_224PX, BERT_BASE_SEQ128))
+
+
+def get_config(mode):
+  """Returns the `BenchmarkConfig` of `mode` ('quick' or 'full')."""
+  if mode not in ('quick', 'full'):
+    raise ValueError("mode must be 'quick' or 'full', got %r." % (mode,))
+  return quick_config() if mode == 'quick' else full_config()

@@ -1,0 +1,229 @@
+"""Training-step graphs of the reference models, built the way users build them.
+
+Each benchmark needs the same thing: one model's training step in one
+precision and batch size, in its own `tf.Graph` and `tf.compat.v1.Session`,
+so the two precisions can live side by side in one process. The step is the
+real thing: the unmodified model_fn of `models/head.py` around the network
+from `models/`, wrapped by `eb.wrap_model_fn`, fed by an input_fn wrapped by
+`eb.wrap_input_fn` (the bfloat16 cast happens in the input pipeline).
+
+The data are synthetic: the (wrapped) input_fn's first batch is stored in
+local variables once, at initialisation, and every step reads it from
+there, as a TPU step reads its batch from the infeed buffer in device
+memory. So the measured step holds exactly one input batch, in the dtype
+the input pipeline produced (bfloat16 images under the wrapper), and neither
+the step time nor the allocator peak includes the host-side pipeline, whose
+buffering (prefetch, parallel map) is a host concern that differs between
+pipelines.
+"""
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
+
+import estimator_bf16 as eb
+from models import head
+
+_SEED = 1
+
+
+@dataclasses.dataclass
+class TrainStep:
+  """A built training step.
+
+  Attributes:
+    graph: the `tf.Graph` holding it.
+    train_op: the op one training step runs.
+    loss: float32 scalar loss.
+    batch_size: examples per step.
+    report: the `eb.GraphReport` of the graph (ops, casts, bfloat16 FLOPs).
+  """
+  graph: tf.Graph
+  train_op: Any
+  loss: tf.Tensor
+  batch_size: int
+  report: Any
+
+
+def network_fn_builder(spec):
+  """Returns `builder(params) -> network_fn(inputs, is_training) -> logits`.
+
+  Args:
+    spec: a `configs.ModelSpec`.
+  """
+  if spec.family == 'resnet':
+    from models import resnet  # pylint: disable=g-import-not-at-top
+    config = resnet.ResNetConfig(depth=spec.resnet_depth,
+                                 num_classes=spec.num_classes,
+                                 image_size=spec.image_size)
+    return lambda params: resnet.resnet_v1(config)
+  if spec.family == 'bert':
+    from models import bert  # pylint: disable=g-import-not-at-top
+    config = bert.BertConfig.preset(spec.bert_preset,
+                                    vocab_size=spec.vocab_size)
+    # BERT requests its variables in an explicit dtype, read from params.
+    return lambda params: bert.bert_classifier(
+        config, spec.num_classes,
+        eb.compute_dtype(params.get('precision', 'float32')))
+  if spec.family == 'mnist_mlp':
+    from models import mnist  # pylint: disable=g-import-not-at-top
+    config = mnist.MnistConfig(image_size=spec.image_size,
+                               num_classes=spec.num_classes)
+    return lambda params: mnist.mnist_mlp(config)
+  raise ValueError('Unknown model family %r.' % (spec.family,))
+
+
+def model_fn(spec, optimizer=None, network_builder=None):
+  """Returns the unmodified legacy model_fn of `spec`.
+
+  Args:
+    spec: a `configs.ModelSpec`.
+    optimizer: overrides `spec.optimizer` (e.g. 'adafactor').
+    network_builder: overrides `network_fn_builder(spec)`; the overhead
+      benchmark passes a hand-written bfloat16 network here.
+  """
+  optimizer = optimizer or spec.optimizer
+  return head.classifier_model_fn_builder(
+      network_builder or network_fn_builder(spec),
+      num_classes=spec.num_classes, optimizer=optimizer,
+      learning_rate=spec.learning_rate,
+      feature_key=None if spec.family == 'bert' else 'image',
+      clip_norm=1.0 if spec.family == 'bert' else None)
+
+
+def feature_specs(spec, dtype=tf.float32):
+  """Returns (features, labels) `tf.TensorSpec`s of one example, no batch.
+
+  Args:
+    spec: a `configs.ModelSpec`.
+    dtype: dtype of floating features (images).
+  """
+  labels = tf.TensorSpec([], tf.int32)
+  if spec.family == 'bert':
+    ids = tf.TensorSpec([spec.seq_length], tf.int32)
+    return {'input_ids': ids, 'input_mask': ids, 'segment_ids': ids}, labels
+  channels = 3 if spec.family == 'resnet' else 1
+  return {'image': tf.TensorSpec(
+      [spec.image_size, spec.image_size, channels], dtype)}, labels
+
+
+def synthetic_input_fn(spec):
+  """Returns `input_fn(params)`: a dataset repeating one random batch.
+
+  Images are float32 as a parser would decode them; the wrapper casts them.
+  BERT ids are int32 below the vocabulary size, with real-length masks.
+  """
+
+  def input_fn(params):
+    batch = params['batch_size']
+    feature_spec, _ = feature_specs(spec)
+
+    def make(_):
+      labels = tf.random.stateless_uniform(
+          [batch], [_SEED, 0], maxval=spec.num_classes, dtype=tf.int32)
+      if spec.family == 'bert':
+        shape = [batch, spec.seq_length]
+        ids = tf.random.stateless_uniform(shape, [_SEED, 1], minval=1,
+                                          maxval=spec.vocab_size,
+                                          dtype=tf.int32)
+        lengths = tf.random.stateless_uniform(
+            [batch, 1], [_SEED, 2], minval=spec.seq_length // 4,
+            maxval=spec.seq_length + 1, dtype=tf.int32)
+        mask = tf.cast(tf.range(spec.seq_length)[None] < lengths, tf.int32)
+        segments = tf.cast(
+            tf.range(spec.seq_length)[None] >= lengths // 2, tf.int32) * mask
+        return {'input_ids': ids * mask, 'input_mask': mask,
+                'segment_ids': segments}, labels
+      shape = [batch] + feature_spec['image'].shape.as_list()
+      return {'image': tf.random.stateless_uniform(shape, [_SEED, 3])}, labels
+
+    return tf.data.Dataset.range(1).map(make).repeat()
+
+  return input_fn
+
+
+def _resident(tensor):
+  """Stores a batch tensor in a local variable; returns its per-step read."""
+  # A bfloat16 batch is kept as its 16-bit pattern: `check_graph` rightly
+  # flags bfloat16 variables as misplaced master weights, and this one is
+  # data. Bitcast shares the buffer, so it costs neither time nor memory.
+  half = tensor.dtype == tf.bfloat16
+  variable = tf.compat.v1.Variable(
+      tf.bitcast(tensor, tf.uint16) if half else tensor, trainable=False,
+      use_resource=True, collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+      name='resident_batch')
+  value = variable.read_value()
+  return tf.bitcast(value, tf.bfloat16) if half else value
+
+
+def build_train_step(spec, precision, batch_size, *, optimizer=None,
+                     model_fn_override: Optional[Callable] = None,
+                     wrap_model=True, wrap_input=True):
+  """Builds one training step of `spec` in a new graph.
+
+  Args:
+    spec: a `configs.ModelSpec`.
+    precision: 'float32' or 'bfloat16'.
+    batch_size: examples per step.
+    optimizer: overrides `spec.optimizer`.
+    model_fn_override: a model_fn used instead of `model_fn(spec, ...)`.
+    wrap_model: wrap the model_fn with `eb.wrap_model_fn`; False runs it
+      as it is (the hand-written reference of the overhead benchmark does
+      its own casts).
+    wrap_input: wrap the input_fn with `eb.wrap_input_fn`, so bfloat16
+      images leave the input pipeline; False feeds float32 images.
+
+  Returns:
+    A `TrainStep`.
+  """
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.compat.v1.set_random_seed(_SEED)
+    fn = model_fn_override or model_fn(spec, optimizer)
+    input_fn = synthetic_input_fn(spec)
+    if wrap_model:
+      fn = eb.wrap_model_fn(fn, precision)
+    if wrap_input:
+      input_fn = eb.wrap_input_fn(input_fn, precision)
+    params = {'batch_size': batch_size, 'precision': precision,
+              'use_tpu': False}
+    batch = input_fn(params).take(1).get_single_element()
+    features, labels = tf.nest.map_structure(_resident, batch)
+    estimator_spec = fn(features, labels, tf.estimator.ModeKeys.TRAIN,
+                        params, None)
+    report = eb.check_graph(graph, strict=False, loss=estimator_spec.loss)
+  return TrainStep(graph=graph, train_op=estimator_spec.train_op,
+                   loss=estimator_spec.loss, batch_size=batch_size,
+                   report=report)
+
+
+def memory_session_config():
+  """A session config whose step memory is the step's alone.
+
+  TensorFlow's constant folding (grappler's and the classic graph
+  optimizer's) turns the zeros that initialise optimizer slots into
+  constants that the session keeps for its lifetime, and the first update
+  then copies each slot out of that constant: one extra copy of every
+  zero-initialised variable stays allocated on the CPU. That is an artifact
+  of initialising in a graph-mode session, not part of a training step (and
+  not what a TPU core holds), so memory is measured with folding off. The
+  throughput sessions keep TensorFlow's defaults.
+  """
+  config = tf.compat.v1.ConfigProto()
+  config.graph_options.optimizer_options.opt_level = (
+      tf.compat.v1.OptimizerOptions.L0)
+  config.graph_options.optimizer_options.do_constant_folding = False
+  config.graph_options.rewrite_options.constant_folding = (
+      rewriter_config_pb2.RewriterConfig.OFF)
+  return config
+
+
+def start_session(step, config=None):
+  """Returns a session on `step.graph` with every variable initialised."""
+  session = tf.compat.v1.Session(graph=step.graph, config=config)
+  with step.graph.as_default():
+    session.run([tf.compat.v1.global_variables_initializer(),
+                 tf.compat.v1.local_variables_initializer()])
+  return session

@@ -1,0 +1,122 @@
+"""What the wrapper costs: `eb.wrap_model_fn` against hand-written bfloat16.
+
+The reference is the tensorflow/tpu way (`resnet_main.py`): the user edits
+the model_fn so the network is built under `tf.compat.v1.tpu.bfloat16_scope`
+on inputs cast by hand, and casts the logits back to float32 by hand. The
+contender is the same, unmodified model_fn wrapped by `eb.wrap_model_fn`.
+Both get float32 images from the same input pipeline and the same head, so
+any difference in graph or step time is the wrapper's.
+
+A difference of a few percent drowns in this shared machine's noise unless
+the two alternate at a fine grain: the default configs time single steps,
+wrapped and hand-written in turn, hundreds of times.
+"""
+
+import collections
+
+import tensorflow as tf
+
+from benchmarks import graphs
+from benchmarks import throughput
+
+
+def hand_written_network_builder(spec):
+  """Returns `builder(params) -> network_fn` with tensorflow/tpu-style casts."""
+  network_builder = graphs.network_fn_builder(spec)
+
+  def builder(params):
+    network_fn = network_builder(params)
+
+    def bfloat16_network(inputs, is_training):
+      if isinstance(inputs, tf.Tensor) and inputs.dtype == tf.float32:
+        inputs = tf.cast(inputs, tf.bfloat16)  # ids (BERT) are never cast
+      with tf.compat.v1.tpu.bfloat16_scope():
+        logits = network_fn(inputs, is_training)
+      return tf.cast(logits, tf.float32)
+
+    return bfloat16_network
+
+  return builder
+
+
+def op_counts(graph):
+  """{op type: count} of a graph."""
+  return collections.Counter(op.type for op in graph.get_operations())
+
+
+def compare_graphs(wrapped, hand_written):
+  """Op counts of both graphs and what the wrapped one has in addition.
+
+  Args:
+    wrapped: `tf.Graph` of the wrapped model.
+    hand_written: `tf.Graph` of the hand-written model.
+
+  Returns:
+    dict: 'wrapped_ops', 'hand_written_ops', 'wrapped_casts',
+    'hand_written_casts', and 'extra_ops_besides_casts' ({op type: how many
+    more the wrapped graph has}, Cast excluded; empty when the wrapper adds
+    nothing but casts).
+  """
+  a, b = op_counts(wrapped), op_counts(hand_written)
+  extra = {kind: a[kind] - b[kind] for kind in a
+           if kind != 'Cast' and a[kind] > b[kind]}
+  return {'wrapped_ops': sum(a.values()), 'hand_written_ops': sum(b.values()),
+          'wrapped_casts': a['Cast'], 'hand_written_casts': b['Cast'],
+          'extra_ops_besides_casts': extra}
+
+
+def measure_overhead(spec, batch_size, *, warmup_steps, window_steps,
+                     windows):
+  """Step time and graphs of wrapped vs hand-written bfloat16 training.
+
+  Args:
+    spec: a `configs.ModelSpec`.
+    batch_size: examples per step.
+    warmup_steps, window_steps, windows: see
+      `throughput.alternating_windows`.
+
+  Returns:
+    dict: 'model', 'batch_size', 'step_time_ratio' (wrapped over
+    hand-written, the median of paired windows), 'step_time_ratio_iqr',
+    'total_time_ratio' (all wrapped windows over all hand-written ones), the
+    `compare_graphs` counts, and both variants' examples/sec.
+  """
+  wrapped = graphs.build_train_step(spec, 'bfloat16', batch_size,
+                                    wrap_input=False)
+  hand_written = graphs.build_train_step(
+      spec, 'bfloat16', batch_size, wrap_model=False, wrap_input=False,
+      model_fn_override=graphs.model_fn(
+          spec, network_builder=hand_written_network_builder(spec)))
+  sessions = {}
+  try:
+    for name, step in (('wrapped', wrapped), ('hand_written', hand_written)):
+      session = graphs.start_session(step)
+      sessions[name] = session
+    variants = {
+        name: (lambda s=sessions[name], op=step.train_op: s.run(op),
+               batch_size)
+        for name, step in (('wrapped', wrapped),
+                           ('hand_written', hand_written))}
+    rates = throughput.alternating_windows(
+        variants, warmup_steps=warmup_steps, window_steps=window_steps,
+        windows=windows)
+  finally:
+    for session in sessions.values():
+      session.close()
+  # Step time is the inverse of throughput: hand-written rate over wrapped.
+  summary = throughput.summarize(rates, 'hand_written', 'wrapped')
+  totals = {name: sum(1.0 / rate for rate in rates[name]) for name in rates}
+  result = {'model': spec.name, 'batch_size': batch_size,
+            'step_time_ratio': summary['ratio'],
+            'step_time_ratio_iqr': summary['ratio_iqr'],
+            'total_time_ratio': totals['wrapped'] / totals['hand_written'],
+            'timed_steps_each': window_steps * windows,
+            'wrapped_examples_per_sec': summary['wrapped_examples_per_sec'],
+            'hand_written_examples_per_sec':
+                summary['hand_written_examples_per_sec'],
+            'wrapped_bfloat16_flop_share':
+                wrapped.report.bfloat16_flop_share,
+            'hand_written_bfloat16_flop_share':
+                hand_written.report.bfloat16_flop_share}
+  result.update(compare_graphs(wrapped.graph, hand_written.graph))
+  return result

@@ -1,0 +1,285 @@
+"""Runs every benchmark of a mode and gathers results.json.
+
+The order matters on a shared CPU with one process-wide allocator: memory
+is measured while no other session is alive, and each model's two
+precisions are timed side by side before the next model starts.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import logging
+
+from benchmarks import convergence
+from benchmarks import env as env_lib
+from benchmarks import graphs
+from benchmarks import kernels
+from benchmarks import memory
+from benchmarks import overhead
+from benchmarks import planning
+from benchmarks import throughput
+from benchmarks.configs import MiB
+
+PRECISIONS = ('float32', 'bfloat16')
+SECTIONS = ('kernels', 'models', 'tpu_plans', 'overhead', 'keras',
+            'adafactor', 'convergence')
+
+
+def _graph_row(report):
+  return {'num_ops': report.num_ops, 'num_casts': report.num_casts,
+          'bfloat16_flop_share': report.bfloat16_flop_share}
+
+
+def _ratio(top, bottom):
+  return top / float(bottom) if top and bottom else None
+
+
+def measure_model(spec, config, cpu_upcast):
+  """Memory, largest batch, planner check and throughput of one model.
+
+  Args:
+    spec: a `configs.ModelSpec`.
+    config: the `configs.BenchmarkConfig`.
+    cpu_upcast: this CPU computes bfloat16 matmuls in float32 temporaries
+      (no AVX512-BF16/AMX); the planner's CPU estimates then include them.
+
+  Returns:
+    dict with the spec, one entry per precision (peak_step_bytes,
+    examples_per_sec, max_batch and their details) and 'ratios'.
+  """
+  result = {'spec': dataclasses.asdict(spec),
+            'budget_bytes': spec.budget_mib * MiB}
+  steps = {}
+  for precision in PRECISIONS:
+    # float32 first: bfloat16 is also measured at float32's largest batch.
+    row, steps[precision], at_fp32 = _measure_precision(
+        spec, precision, config, cpu_upcast,
+        result['float32']['max_batch'] if precision == 'bfloat16' else 0)
+    result[precision] = row
+    if at_fp32:
+      result['bfloat16_at_float32_max_batch'] = at_fp32
+  # The same graphs, now in sessions with TensorFlow's default options.
+  summary = _throughput(spec, config, steps)
+  for precision in PRECISIONS:
+    result[precision]['examples_per_sec'] = summary[
+        precision + '_examples_per_sec']
+  result['throughput_windows'] = summary['windows']
+  fp32, bf16 = result['float32'], result['bfloat16']
+  at_fp32 = result.get('bfloat16_at_float32_max_batch') or {}
+  fp32_at_max = fp32['max_batch_search']['at_max_batch'] or {}
+  result['ratios'] = {
+      'memory': _ratio(bf16['peak_step_bytes'], fp32['peak_step_bytes']),
+      'transient_memory': _ratio(bf16['memory']['transient_bytes'],
+                                 fp32['memory']['transient_bytes']),
+      'memory_at_float32_max_batch': _ratio(
+          at_fp32.get('peak_step_bytes'), fp32_at_max.get('peak_step_bytes')),
+      'transient_memory_at_float32_max_batch': _ratio(
+          at_fp32.get('transient_bytes'), fp32_at_max.get('transient_bytes')),
+      'throughput': summary['ratio'],
+      'throughput_iqr': summary['ratio_iqr'],
+      'max_batch': _ratio(bf16['max_batch'], fp32['max_batch']),
+      'planner_max_batch_v2': _ratio(
+          bf16['planner']['tpu_max_batch_per_core']['v2'],
+          fp32['planner']['tpu_max_batch_per_core']['v2']),
+  }
+  return result
+
+
+def _measure_precision(spec, precision, config, cpu_upcast,
+                       float32_max_batch):
+  """Plans, peak at the benchmark batch, and largest batch in the budget.
+
+  Returns:
+    (row for results.json, the benchmark-batch `TrainStep`, the measurement
+    at `float32_max_batch` or None).
+  """
+  budget = spec.budget_mib * MiB
+  plans = {optimizer: planning.plan_model(spec, precision, optimizer)
+           for optimizer in (spec.optimizer, 'adafactor')}
+  plan = plans[spec.optimizer]
+  build = lambda batch: graphs.build_train_step(spec, precision, batch)
+  step = build(spec.batch_size)
+  measured = memory.measure_step_memory(step)
+  logging.info('%s %s: peak %.1f MiB at batch %d', spec.name, precision,
+               measured['peak_step_bytes'] / MiB, spec.batch_size)
+  known, at_fp32 = [measured], None
+  if float32_max_batch:
+    # The memory ratio where activations weigh most within the budget; it
+    # is also a point of the search.
+    at_fp32 = memory.measure_step_memory(build(float32_max_batch))
+    known.append(at_fp32)
+  guess = plan.max_batch(budget, upcast=cpu_upcast)
+  search = memory.max_batch_in_budget(
+      build, budget, guess=guess, known=known,
+      slope=(plan.step_bytes(guess + 100, upcast=cpu_upcast) -
+             plan.step_bytes(guess, upcast=cpu_upcast)) / 100.0,
+      tolerance=config.batch_tolerance,
+      max_measurements=config.max_search_measurements)
+  logging.info('%s %s: max batch %d in %d MiB', spec.name, precision,
+               search['max_batch'], spec.budget_mib)
+  planned = planning.plan_row(plan, budget, cpu_upcast)
+  planned['tpu_max_batch_per_core_adafactor'] = plans[
+      'adafactor'].max_batch_per_core()
+  planned['slot_bytes_adafactor'] = plans['adafactor'].slot_bytes
+  planned.update(planning.validate(
+      plan, cpu_upcast,
+      ('at_batch', spec.batch_size, measured['peak_step_bytes']),
+      ('at_max_batch', search['max_batch'], search['peak_at_max_batch'])))
+  row = {'peak_step_bytes': measured['peak_step_bytes'],
+         'max_batch': search['max_batch'], 'memory': measured,
+         'max_batch_search': search, 'planner': planned,
+         'graph': _graph_row(step.report)}
+  return row, step, at_fp32
+
+
+def _throughput(spec, config, steps):
+  """Times both precisions' `steps` (TrainSteps) in alternating windows.
+
+  Returns:
+    `throughput.summarize(rates, 'bfloat16', 'float32')`.
+  """
+  sessions = {}
+  try:
+    for precision, step in steps.items():
+      sessions[precision] = graphs.start_session(step)
+    variants = {p: (lambda s=sessions[p], op=steps[p].train_op: s.run(op),
+                    spec.batch_size) for p in PRECISIONS}
+    rates = throughput.alternating_windows(
+        variants, warmup_steps=config.warmup_steps,
+        window_steps=config.steps_per_window(spec.name),
+        windows=config.windows)
+  finally:
+    for session in sessions.values():
+      session.close()
+  return throughput.summarize(rates, 'bfloat16', 'float32')
+
+
+def tpu_plans(specs):
+  """The planner's per-core answers for full-size models (never run)."""
+  rows = {}
+  for spec in specs:
+    rows[spec.name] = {
+        precision: {optimizer: planning.plan_row(
+            planning.plan_model(spec, precision, optimizer))
+                    for optimizer in (spec.optimizer, 'adafactor')}
+        for precision in PRECISIONS}
+  return rows
+
+
+def keras_comparison(config, out_dir):
+  """Runs `benchmarks.keras_baseline` in its own process; returns its JSON."""
+  path = os.path.join(out_dir, 'keras_baseline.json')
+  command = [sys.executable, '-m', 'benchmarks.keras_baseline',
+             '--batch_size=%d' % config.keras_batch_size,
+             '--warmup_steps=%d' % config.warmup_steps,
+             '--window_steps=%d' % config.keras_window_steps,
+             '--windows=%d' % config.windows, '--out=' + path]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [root] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+  subprocess.run(command, check=True, env=environment, cwd=root)
+  with open(path) as results:
+    return json.load(results)
+
+
+def adafactor_comparison(spec, model_result):
+  """Adafactor's optimizer state and step peak against the model's Adam(W).
+
+  Slot bytes are the optimizer's actual slot variables in the built graph;
+  peaks are measured in bfloat16 at the benchmark batch.
+  """
+  measured = memory.measure_step_memory(graphs.build_train_step(
+      spec, 'bfloat16', spec.batch_size, optimizer='adafactor'))
+  bf16 = model_result['bfloat16']
+  adam_slots = bf16['memory']['slot_bytes']
+  return {
+      'model': spec.name, 'precision': 'bfloat16',
+      'baseline_optimizer': spec.optimizer,
+      'baseline_slot_bytes': adam_slots,
+      'adafactor_slot_bytes': measured['slot_bytes'],
+      'slot_bytes_ratio': _ratio(measured['slot_bytes'], adam_slots),
+      'parameter_bytes': measured['parameter_bytes'],
+      'baseline_peak_step_bytes': bf16['peak_step_bytes'],
+      'adafactor_peak_step_bytes': measured['peak_step_bytes'],
+      'peak_step_bytes_ratio': _ratio(measured['peak_step_bytes'],
+                                      bf16['peak_step_bytes']),
+      'batch_size': spec.batch_size,
+  }
+
+
+def run(config, out_dir, sections=SECTIONS):
+  """Runs the chosen sections of `config`; returns the results dict."""
+  memory.check_allocator_stats()
+  os.makedirs(out_dir, exist_ok=True)
+  results = {'env': env_lib.describe(), 'mode': config.mode,
+             'config': dataclasses.asdict(config), 'seconds': {}}
+  started = time.perf_counter()
+
+  def timed(name, fn, *args):
+    start = time.perf_counter()
+    logging.info('Benchmark section %s...', name)
+    value = fn(*args)
+    results['seconds'][name] = time.perf_counter() - start
+    return value
+
+  if 'kernels' in sections:
+    results['kernels'] = timed('kernels', lambda: {
+        kind: kernels.kernel_speed(kind, 2048,
+                                   warmup_steps=config.warmup_steps)
+        for kind in ('matmul', 'conv2d')})
+  # TensorFlow's CPU kernels compute bfloat16 matmuls in float32 unless the
+  # CPU has bfloat16 arithmetic; the planner's CPU estimates model that.
+  cpu_upcast = not results['env']['native_bfloat16']
+  if 'models' in sections:
+    results['models'] = {
+        spec.name: timed(spec.name, measure_model, spec, config, cpu_upcast)
+        for spec in config.models}
+  if 'tpu_plans' in sections and config.tpu_plans:
+    results['tpu_plans'] = timed('tpu_plans', tpu_plans, config.tpu_plans)
+  if 'overhead' in sections:
+    spec = config.model(config.overhead_model)
+    results['overhead'] = timed(
+        'overhead', lambda: overhead.measure_overhead(
+            spec, config.overhead_batch_size,
+            warmup_steps=config.warmup_steps,
+            window_steps=config.overhead_window_steps,
+            windows=config.overhead_windows))
+  if 'keras' in sections:
+    results['keras_mixed_bfloat16'] = timed('keras', keras_comparison,
+                                            config, out_dir)
+  if 'adafactor' in sections and 'models' in results:
+    spec = (config.model(config.adafactor_model) if config.adafactor_model
+            else next(s for s in config.models if s.family == 'bert'))
+    results['adafactor'] = timed('adafactor', adafactor_comparison, spec,
+                                 results['models'][spec.name])
+  if 'convergence' in sections:
+    steps = config.convergence_steps
+    results['convergence'] = timed(
+        'convergence', lambda: convergence.convergence_runs(
+            out_dir, mnist_steps=steps[0], bert_steps=steps[1],
+            bert_preset=config.convergence_bert_preset))
+  if 'models' in results:
+    results['planner'] = planner_summary(results['models'])
+  results['env']['load_average_end'] = env_lib.load_average()
+  results['seconds']['total'] = time.perf_counter() - started
+  return results
+
+
+def planner_summary(models):
+  """The planner's errors against the measured peaks, worst one first."""
+  errors = {}
+  for name, result in models.items():
+    for precision in PRECISIONS:
+      planned = result[precision]['planner']
+      for where in ('at_batch', 'at_max_batch'):
+        error = planned.get('relative_error_' + where)
+        if error is not None:
+          errors['%s/%s/%s' % (name, precision, where)] = error
+  worst = max(errors, key=lambda key: abs(errors[key])) if errors else None
+  return {'relative_error': errors.get(worst), 'worst_case': worst,
+          'relative_errors': errors,
+          'definition': 'estimated step bytes / measured peak step bytes - 1'}

@@ -1,0 +1,192 @@
+"""Tests for estimator_bf16/planner.py: the memory planner (graphs only)."""
+
+import functools
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from estimator_bf16 import planner
+from tests import legacy_model
+
+_IMAGE = tf.TensorSpec([16, 16, 1], tf.float32)
+_HIDDEN = 256
+_CLASSES = 10
+# Weights of the test network: [256, 256] + [256] + [256, 10] + [10].
+_PARAMETERS = 256 * _HIDDEN + _HIDDEN + _HIDDEN * _CLASSES + _CLASSES
+
+
+def _network(features, is_training):
+  """Dense(256, relu) -> Dense(10), weights in the dtype of the images."""
+  del is_training
+  net = tf.reshape(features['image'], [-1, 256])
+  for name, units in (('hidden', _HIDDEN), ('logits', _CLASSES)):
+    with tf.compat.v1.variable_scope(name):
+      kernel = tf.compat.v1.get_variable(
+          'kernel', [net.shape[-1], units], dtype=net.dtype)
+      bias = tf.compat.v1.get_variable(
+          'bias', [units], dtype=net.dtype,
+          initializer=tf.compat.v1.zeros_initializer())
+      net = tf.nn.bias_add(tf.matmul(net, kernel), bias)
+      if name == 'hidden':
+        net = tf.nn.relu(net)
+  return net
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(precision='float32', optimizer='sgd', batch_sizes=(8, 16)):
+  # Plans are immutable; building each once keeps the tests fast.
+  return planner.memory_plan(network_fn=_network,
+                             features={'image': _IMAGE}, precision=precision,
+                             optimizer=optimizer, batch_sizes=batch_sizes)
+
+
+class PersistentBytesTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(('float32', 'float32'),
+                                  ('bfloat16', 'bfloat16'))
+  def test_parameters_are_float32_master_weights(self, precision):
+    plan = _plan(precision)
+    self.assertEqual(plan.parameter_bytes, 4 * _PARAMETERS)
+    self.assertEqual(plan.slot_bytes, 0)  # plain SGD keeps no state
+    self.assertEqual(plan.precision, precision)
+
+  def test_adam_keeps_two_slots_per_parameter(self):
+    plan = _plan(optimizer='adam')
+    # m and v for every weight, plus Adam's two scalar beta powers.
+    self.assertEqual(plan.slot_bytes, 2 * 4 * _PARAMETERS + 2 * 4)
+
+  def test_adafactor_keeps_rows_plus_columns(self):
+    adam = _plan(optimizer='adam').slot_bytes
+    adafactor = _plan(optimizer='adafactor').slot_bytes
+    factored = (256 + _HIDDEN) + (_HIDDEN + _CLASSES)  # the two kernels
+    full = _HIDDEN + _CLASSES  # biases keep a full second moment
+    # The optimizer may also keep a step counter.
+    self.assertBetween(adafactor, 4 * (factored + full),
+                       4 * (factored + full) + 16)
+    self.assertLess(adafactor / adam, 0.02)
+
+  def test_optimizer_factory(self):
+    plan = _plan(optimizer=lambda: tf.compat.v1.train.MomentumOptimizer(
+        0.1, 0.9))
+    self.assertEqual(plan.slot_bytes, 4 * _PARAMETERS)
+
+
+class ActivationBytesTest(parameterized.TestCase):
+
+  def test_bfloat16_halves_activation_bytes(self):
+    fp32, bf16 = _plan('float32'), _plan('bfloat16')
+    self.assertGreater(fp32.bytes_per_example, 0)
+    ratio = bf16.bytes_per_example / fp32.bytes_per_example
+    self.assertBetween(ratio, 0.45, 0.6)
+
+  def test_bfloat16_weight_copies_are_batch_independent(self):
+    # The scope's bfloat16 reads of the weights do not grow with the batch.
+    fp32, bf16 = _plan('float32'), _plan('bfloat16')
+    self.assertGreater(bf16.step_bytes(1), fp32.step_bytes(1) - 1)
+
+  def test_step_bytes_grows_linearly_at_large_batches(self):
+    plan = _plan('float32', optimizer='adam')
+    a, b, c = (plan.step_bytes(n) for n in (1000, 2000, 3000))
+    self.assertAlmostEqual((c - b) / (b - a), 1.0, places=6)
+    self.assertAlmostEqual((c - b) / 1000.0, plan.bytes_per_example,
+                           delta=1.0)
+    self.assertGreaterEqual(plan.step_bytes(1), plan.persistent_bytes)
+
+  def test_same_answer_from_other_batch_sizes(self):
+    small = _plan('bfloat16', batch_sizes=(2, 4))
+    large = _plan('bfloat16', batch_sizes=(16, 64))
+    self.assertEqual(small.step_bytes(512), large.step_bytes(512))
+
+  def test_upcast_adds_float32_copies_only_in_bfloat16(self):
+    fp32, bf16 = _plan('float32'), _plan('bfloat16')
+    self.assertEqual(fp32.step_bytes(64, upcast=True), fp32.step_bytes(64))
+    self.assertGreater(bf16.step_bytes(64, upcast=True), bf16.step_bytes(64))
+
+
+class MaxBatchTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(('float32', 'float32'),
+                                  ('bfloat16', 'bfloat16'))
+  def test_max_batch_is_the_boundary(self, precision):
+    plan = _plan(precision, optimizer='adam')
+    budget = 64 * 2**20
+    batch = plan.max_batch(budget)
+    self.assertGreater(batch, 0)
+    self.assertLessEqual(plan.step_bytes(batch), budget)
+    self.assertGreater(plan.step_bytes(batch + 1), budget)
+    self.assertEqual(plan.max_batch(budget, multiple_of=8) % 8, 0)
+
+  def test_too_small_a_budget_fits_nothing(self):
+    plan = _plan(optimizer='adam')
+    self.assertEqual(plan.max_batch(plan.persistent_bytes // 2), 0)
+
+  def test_bfloat16_fits_about_twice_the_batch_on_a_tpu_core(self):
+    fp32 = _plan('float32', optimizer='adam').max_batch_per_core()
+    bf16 = _plan('bfloat16', optimizer='adam').max_batch_per_core()
+    self.assertEqual(sorted(fp32), ['v2', 'v3'])
+    self.assertBetween(bf16['v2'] / fp32['v2'], 1.7, 2.2)
+    # v3 doubles the memory per core; the persistent part is tiny here.
+    self.assertBetween(fp32['v3'] / fp32['v2'], 1.99, 2.01)
+    self.assertIn('v2 core', _plan().summary())
+
+
+class ModelFnTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(('float32', 'float32'),
+                                  ('bfloat16', 'bfloat16'))
+  def test_unmodified_legacy_model_fn(self, precision):
+    features, labels = planner.input_specs(legacy_model.train_input_fn)
+    self.assertEqual(features['image'].shape.as_list(), [8, 8, 1])
+    plan = planner.memory_plan(legacy_model.model_fn, features=features,
+                               labels=labels, precision=precision)
+    with tf.Graph().as_default():
+      # The same layers, to count the parameters independently.
+      legacy_model.model_fn({'image': tf.zeros([2, 8, 8, 1])},
+                            tf.zeros([2], tf.int32), 'train',
+                            {'use_tpu': False})
+      expected = sum(np.prod(v.shape) * 4
+                     for v in tf.compat.v1.trainable_variables())
+    self.assertEqual(plan.parameter_bytes, expected)
+    self.assertEqual(plan.slot_bytes, 2 * expected + 8)  # Adam
+    self.assertEqual(plan.optimizer, 'model_fn')
+    self.assertGreater(plan.bytes_per_example, 0)
+
+
+class ErrorsTest(parameterized.TestCase):
+
+  def test_exactly_one_function(self):
+    with self.assertRaisesRegex(ValueError, 'exactly one'):
+      planner.memory_plan(features={'image': _IMAGE})
+    with self.assertRaisesRegex(ValueError, 'exactly one'):
+      planner.memory_plan(legacy_model.model_fn, network_fn=_network,
+                          features={'image': _IMAGE})
+
+  def test_model_fn_brings_its_own_optimizer(self):
+    with self.assertRaisesRegex(ValueError, 'own optimizer'):
+      planner.memory_plan(legacy_model.model_fn, features={'image': _IMAGE},
+                          optimizer='adam')
+
+  @parameterized.named_parameters(('same', (4, 4)), ('one', (4,)),
+                                  ('zero', (0, 4)))
+  def test_bad_batch_sizes(self, batch_sizes):
+    with self.assertRaisesRegex(ValueError, 'batch_sizes'):
+      _plan(batch_sizes=batch_sizes)
+
+  def test_unknown_optimizer_lists_choices(self):
+    with self.assertRaisesRegex(ValueError, 'adafactor'):
+      _plan(optimizer='lamb')
+
+  def test_unknown_precision(self):
+    with self.assertRaisesRegex(ValueError, 'bfloat16'):
+      _plan(precision='float16')
+
+  def test_graph_without_gradients(self):
+    with tf.Graph().as_default() as graph:
+      tf.compat.v1.get_variable('w', [2])
+    with self.assertRaisesRegex(ValueError, 'no gradients'):
+      planner.variable_bytes(graph)
+
+
+if __name__ == '__main__':
+  tf.test.main()
