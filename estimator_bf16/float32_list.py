@@ -21,11 +21,11 @@ undone when the outermost `float32_ops()` exits, normally or by an exception.
 import contextlib
 import functools
 import sys
-import threading
 
 import tensorflow as tf
 
 from estimator_bf16 import casting
+from estimator_bf16 import patching
 
 # (API module, names): each function computes in float32 and returns the dtype
 # of its first argument.
@@ -109,29 +109,6 @@ def float32_list():
   return table
 
 
-class _Patcher(object):
-  """Swaps functions in every loaded module; reentrant and thread-safe."""
-
-  def __init__(self):
-    self._lock = threading.RLock()
-    self._depth = 0
-    self._undo = []
-
-  def enter(self):
-    with self._lock:
-      self._depth += 1
-      if self._depth == 1:
-        self._undo = _swap_everywhere(float32_list())
-
-  def exit(self):
-    with self._lock:
-      self._depth -= 1
-      if self._depth == 0:
-        undo, self._undo = self._undo, []
-        for module, name, original in reversed(undo):
-          setattr(module, name, original)
-
-
 def _swap_everywhere(table):
   """Replaces each original by identity in all module namespaces."""
   by_id = {id(fn): (fn, new) for fn, new in table.items()}
@@ -150,7 +127,7 @@ def _swap_everywhere(table):
   return undo
 
 
-_PATCHER = _Patcher()
+_PATCHER = patching.Patcher(lambda: _swap_everywhere(float32_list()))
 
 
 @contextlib.contextmanager
@@ -160,8 +137,5 @@ def float32_ops():
   Nested uses are cheap; the originals come back when the outermost exits,
   also when the body raises.
   """
-  _PATCHER.enter()
-  try:
+  with _PATCHER.active():
     yield
-  finally:
-    _PATCHER.exit()

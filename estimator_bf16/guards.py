@@ -30,6 +30,7 @@ import threading
 from absl import logging
 import tensorflow as tf
 
+from estimator_bf16 import patching
 from estimator_bf16 import wrappers
 
 _MARKER = 'numeric guard:'
@@ -246,37 +247,20 @@ def _optimizer_classes():
   return found
 
 
-class _Patcher(object):
-  """Installs the wrappers once for all nested guards; thread-safe."""
-
-  def __init__(self):
-    self._lock = threading.RLock()
-    self._depth = 0
-    self._undo = []
-
-  def enter(self):
-    with self._lock:
-      self._depth += 1
-      if self._depth > 1:
-        return
-      for cls in _optimizer_classes():
-        for name, wrap in (('compute_gradients', _guarded_compute_gradients),
-                           ('apply_gradients', _guarded_apply_gradients)):
-          original = cls.__dict__.get(name)
-          if original is not None:
-            setattr(cls, name, wrap(original))
-            self._undo.append((cls, name, original))
-
-  def exit(self):
-    with self._lock:
-      self._depth -= 1
-      if self._depth == 0:
-        undo, self._undo = self._undo, []
-        for cls, name, original in reversed(undo):
-          setattr(cls, name, original)
+def _wrap_optimizers():
+  """Wraps the gradient methods each v1 optimizer class defines itself."""
+  undo = []
+  for cls in _optimizer_classes():
+    for name, wrap in (('compute_gradients', _guarded_compute_gradients),
+                       ('apply_gradients', _guarded_apply_gradients)):
+      original = cls.__dict__.get(name)
+      if original is not None:
+        setattr(cls, name, wrap(original))
+        undo.append((cls, name, original))
+  return undo
 
 
-_PATCHER = _Patcher()
+_PATCHER = patching.Patcher(_wrap_optimizers)
 
 
 @contextlib.contextmanager
@@ -294,13 +278,12 @@ def numeric_guard():
     `apply_gradients` calls made inside the block.
   """
   guard = _Guard()
-  _PATCHER.enter()
-  _LOCAL.guards.append(guard)
-  try:
-    yield guard
-  finally:
-    _LOCAL.guards.remove(guard)
-    _PATCHER.exit()
+  with _PATCHER.active():
+    _LOCAL.guards.append(guard)
+    try:
+      yield guard
+    finally:
+      _LOCAL.guards.remove(guard)
 
 
 def guard_model_fn(model_fn):
@@ -328,12 +311,7 @@ def guard_model_fn(model_fn):
   @functools.wraps(model_fn)
   def guarded_model_fn(features, labels=None, mode=None, params=None,
                        config=None):
-    if labels is not None and 'labels' not in accepted:
-      raise ValueError('model_fn does not take labels, but the input_fn '
-                       'returned labels.')
-    kwargs = {'labels': labels, 'mode': mode, 'params': params,
-              'config': config}
-    kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    kwargs = wrappers.model_fn_kwargs(accepted, labels, mode, params, config)
     if mode != _TRAIN:
       return model_fn(features=features, **kwargs)
     if (params or {}).get('use_tpu'):

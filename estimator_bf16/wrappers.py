@@ -60,6 +60,27 @@ def _model_fn_arg_names(model_fn):
   return tuple(names)
 
 
+def model_fn_kwargs(accepted, labels, mode, params, config):
+  """The keyword arguments (besides features) a model_fn taking `accepted` gets.
+
+  Args:
+    accepted: the argument names from `_model_fn_arg_names(model_fn)`.
+    labels, mode, params, config: what the Estimator passed.
+
+  Returns:
+    A dict with only the arguments the model_fn takes.
+
+  Raises:
+    ValueError: labels were given to a model_fn without a labels argument.
+  """
+  if labels is not None and 'labels' not in accepted:
+    raise ValueError('model_fn does not take labels, but the input_fn '
+                     'returned labels.')
+  kwargs = {'labels': labels, 'mode': mode, 'params': params,
+            'config': config}
+  return {k: v for k, v in kwargs.items() if k in accepted}
+
+
 def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
   """Wraps a legacy model_fn so it computes in `precision`.
 
@@ -95,12 +116,7 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
   @functools.wraps(model_fn)
   def bfloat16_model_fn(features, labels=None, mode=None, params=None,
                         config=None):
-    if labels is not None and 'labels' not in accepted:
-      raise ValueError('model_fn does not take labels, but the input_fn '
-                       'returned labels.')
-    kwargs = {'labels': labels, 'mode': mode, 'params': params,
-              'config': config}
-    kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    kwargs = model_fn_kwargs(accepted, labels, mode, params, config)
     with float32_list.float32_ops():
       features = casting.cast_features(features, precision, exclude)
       with scope_lib.bfloat16_scope(precision):
