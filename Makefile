@@ -2,7 +2,7 @@
 # Each creates its pinned virtualenv(s) on first use (scripts/make_venv.sh).
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo test bench clean
+.PHONY: demo test clean
 
 demo:
 	scripts/make_venv.sh .venv requirements.txt
@@ -12,11 +12,6 @@ demo:
 # subset on the newest TensorFlow (estimator_bf16.compat).
 test:
 	scripts/test_matrix.sh all
-
-# Quick benchmarks (about 8 minutes here): results.json, results.md, PNG.
-bench:
-	scripts/make_venv.sh .venv requirements.txt
-	.venv/bin/python scripts/benchmark.py --quick --out runs/bench
 
 clean:
 	rm -rf .venv .venv-tf-latest runs
