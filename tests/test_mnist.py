@@ -6,11 +6,8 @@ within 1 point.
 """
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -22,6 +19,7 @@ from models import digits
 from models import mnist
 from models import mnist_input
 from models import training
+from tests import isolated_cache
 
 _PRECISIONS = (
     dict(testcase_name='float32', precision='float32'),
@@ -36,21 +34,16 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MIN_ACCURACY = 0.95
 _MAX_ACCURACY_GAP = 0.01
 
-_cache_env = None
+_CACHE = isolated_cache.IsolatedCache()
 
 
 def setUpModule():
-  global _cache_env
   tf.compat.v1.disable_eager_execution()
-  # The digits go to a throw-away cache, not the user's home directory.
-  _cache_env = mock.patch.dict(
-      os.environ, {'ESTIMATOR_BF16_CACHE': tempfile.mkdtemp()})
-  _cache_env.start()
+  _CACHE.start()
 
 
 def tearDownModule():
-  shutil.rmtree(os.environ['ESTIMATOR_BF16_CACHE'], ignore_errors=True)
-  _cache_env.stop()
+  _CACHE.stop()
 
 
 def _example(pixels, label):

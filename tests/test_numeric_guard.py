@@ -2,10 +2,7 @@
 
 import json
 import os
-import shutil
-import tempfile
 import threading
-from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -13,23 +10,18 @@ import tensorflow as tf
 from estimator_bf16 import activation_stats
 from estimator_bf16 import guards
 from models import training
+from tests import isolated_cache
 
-_tmp_root = None
-_cache_env = None
+_CACHE = isolated_cache.IsolatedCache()
 
 
 def setUpModule():
-  global _tmp_root, _cache_env
   tf.compat.v1.disable_eager_execution()
-  _tmp_root = tempfile.mkdtemp()
-  _cache_env = mock.patch.dict(
-      os.environ, {'ESTIMATOR_BF16_CACHE': os.path.join(_tmp_root, 'cache')})
-  _cache_env.start()
+  _CACHE.start()
 
 
 def tearDownModule():
-  _cache_env.stop()
-  shutil.rmtree(_tmp_root, ignore_errors=True)
+  _CACHE.stop()
 
 
 def _two_variable_step(optimizer_fn, clip=False):
@@ -161,7 +153,7 @@ class NumericGuardTest(tf.test.TestCase):
 def _diverging_run(name, **overrides):
   """mnist_mlp with a learning rate that overflows within two steps."""
   options = dict(model='mnist_mlp', precision='bfloat16',
-                 model_dir=os.path.join(_tmp_root, name), optimizer='sgd',
+                 model_dir=os.path.join(_CACHE.root, name), optimizer='sgd',
                  learning_rate=1e30, train_steps=6, train_batch_size=8,
                  eval_steps=1, save_checkpoints_steps=1, export=False)
   options.update(overrides)
@@ -209,7 +201,7 @@ class ActivationStatsTest(tf.test.TestCase):
   def test_bfloat16_run_reports_ranges_and_float32_reports_none(self):
     reports = {}
     for precision in ('bfloat16', 'float32'):
-      model_dir = os.path.join(_tmp_root, 'stats_' + precision)
+      model_dir = os.path.join(_CACHE.root, 'stats_' + precision)
       result = training.run(training.TrainOptions(
           model='mnist_mlp', precision=precision, model_dir=model_dir,
           train_steps=4, train_batch_size=8, eval_steps=1, export=False,
@@ -227,7 +219,7 @@ class ActivationStatsTest(tf.test.TestCase):
       self.assertEqual(row['nonfinite'], 0)
     relu = [row for row in rows if 'hidden/Relu' in row['tensor']][0]
     self.assertGreater(relu['zero_share'], 0.1)  # ReLU zeroes about half
-    with open(os.path.join(_tmp_root, 'stats_bfloat16',
+    with open(os.path.join(_CACHE.root, 'stats_bfloat16',
                            'activation_stats.json')) as f:
       written = json.load(f)
     self.assertEqual(written['step'], 2)

@@ -10,10 +10,8 @@ import functools
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from unittest import mock
 
 from absl import flags
@@ -28,6 +26,7 @@ from models import registry
 from models import report
 from models import train
 from models import training
+from tests import isolated_cache
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STEPS = 8
@@ -53,22 +52,16 @@ _MODELS_AND_PRECISIONS = tuple(
     for m in registry.MODELS for p in eb.PRECISIONS)
 _MODELS = tuple(dict(testcase_name=m, model=m) for m in registry.MODELS)
 
-_tmp_root = None
-_cache_env = None
+_CACHE = isolated_cache.IsolatedCache()
 
 
 def setUpModule():
-  global _tmp_root, _cache_env
   tf.compat.v1.disable_eager_execution()
-  _tmp_root = tempfile.mkdtemp()
-  _cache_env = mock.patch.dict(
-      os.environ, {'ESTIMATOR_BF16_CACHE': os.path.join(_tmp_root, 'cache')})
-  _cache_env.start()
+  _CACHE.start()
 
 
 def tearDownModule():
-  _cache_env.stop()
-  shutil.rmtree(_tmp_root, ignore_errors=True)
+  _CACHE.stop()
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,7 +69,7 @@ def _run(model, precision):
   """Trains `model` for _STEPS steps once per test module; cached."""
   options = training.TrainOptions(
       model=model, precision=precision, train_steps=_STEPS,
-      model_dir=os.path.join(_tmp_root, model, precision), **_SMALL[model])
+      model_dir=os.path.join(_CACHE.root, model, precision), **_SMALL[model])
   return training.run(options)
 
 
