@@ -15,13 +15,16 @@ BACKEND = _check_tensorflow()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from estimator_bf16.adafactor import AdafactorOptimizer
+from estimator_bf16.autocasting import autocast
+from estimator_bf16.autocasting import float32_ops
+from estimator_bf16.autocasting import keep_float32
 from estimator_bf16.audit import GraphReport
+from estimator_bf16.audit import MIN_BFLOAT16_SHARE
 from estimator_bf16.audit import PrecisionError
 from estimator_bf16.audit import check_graph
 from estimator_bf16.casting import cast_features
 from estimator_bf16.casting import to_float32
 from estimator_bf16.estimator import make_tpu_estimator
-from estimator_bf16.float32_list import float32_ops
 from estimator_bf16.guards import NumericGuardError
 from estimator_bf16.guards import guard_model_fn
 from estimator_bf16.planner import MemoryPlan
@@ -42,11 +45,13 @@ __all__ = [
     'AdafactorOptimizer',
     'BACKEND',
     'GraphReport',
+    'MIN_BFLOAT16_SHARE',
     'MemoryPlan',
     'NumericGuardError',
     'PRECISIONS',
     'PrecisionError',
     'TPU_CORE_BYTES',
+    'autocast',
     'bfloat16_scope',
     'build_network',
     'cast_features',
@@ -55,6 +60,7 @@ __all__ = [
     'compute_dtype',
     'float32_ops',
     'guard_model_fn',
+    'keep_float32',
     'make_tpu_estimator',
     'memory_plan',
     'to_float32',

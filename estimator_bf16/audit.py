@@ -4,10 +4,12 @@
 over (see the package README): variables stored in 16 bits, ops that mix
 bfloat16 and float32 (a `tf.matmul(bfloat16, float32)` silently becomes a
 float32 `SparseMatMul`), a loss that is not float32, and how much of the
-matmul/conv arithmetic actually runs in bfloat16.
+matmul/conv arithmetic actually runs in bfloat16 -- a "bfloat16" build in
+which most of it runs in float32 is not one.
 """
 
 import dataclasses
+import os
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -29,6 +31,17 @@ _MIXED_ALLOWED = frozenset([
     'TPUReplicatedInput', 'TPUReplicatedOutput', 'Pack', 'Unpack',
 ])
 _ALWAYS_MIXED = frozenset(['SparseMatMul'])
+# The share of matmul/conv FLOPs that a bfloat16 model_fn must run in
+# bfloat16 to pass the strict audit of `wrap_model_fn`. Autocast puts every
+# matmul/conv of the network in bfloat16 (over 0.95 for the reference and
+# style models), so a share below one half means most of the arithmetic
+# escaped it, e.g. under `keep_float32` or in ops built outside the model_fn.
+MIN_BFLOAT16_SHARE = 0.5
+# How many float32 matmul/conv ops a low-share problem names.
+_LARGEST_SHOWN = 5
+# Code in these packages is not where a user's op "was made".
+_LIBRARY_DIRS = ('tensorflow', 'tensorflow_estimator', 'keras', 'tf_keras',
+                 'tf_slim', 'estimator_bf16')
 
 
 class PrecisionError(TypeError):
@@ -49,6 +62,10 @@ class GraphReport:
       forward and backward; unknown dimensions count as 1.
     bfloat16_flop_share: share of those FLOPs in bfloat16 (0.0 if none).
     num_ops: ops in the graph; num_casts: `Cast` ops among them.
+    largest_float32_ops: (op name, op type, FLOPs, where it was made) of the
+      biggest float32 matmul/conv ops, largest first; "where" is the
+      innermost `file:line (function)` outside TensorFlow and its layer
+      libraries, or '' if unknown.
     problems: one sentence for each finding that breaks the recipe.
   """
   half_precision_variables: List[Tuple[str, str]]
@@ -59,6 +76,8 @@ class GraphReport:
   num_ops: int
   num_casts: int
   problems: List[str]
+  largest_float32_ops: List[Tuple[str, str, float, str]] = dataclasses.field(
+      default_factory=list)
 
   @property
   def ok(self):
@@ -139,13 +158,37 @@ def _compute_dtype(op):
   return op.outputs[0].dtype.base_dtype
 
 
-def check_graph(graph=None, strict=True, loss=None):
+def _where_made(op):
+  """`file:line (function)` of the innermost user frame that made `op`."""
+  try:
+    frames = list(op.traceback)
+  except (AttributeError, TypeError, ValueError):
+    return ''
+  for frame in reversed(frames):
+    filename = getattr(frame, 'filename', None) or frame[0]
+    parts = os.path.normpath(filename).split(os.sep)
+    if any(part in _LIBRARY_DIRS for part in parts) or '<frozen' in filename:
+      continue
+    lineno = getattr(frame, 'lineno', None) or frame[1]
+    name = getattr(frame, 'name', None) or frame[2]
+    return '%s:%s (%s)' % (filename, lineno, name)
+  return ''
+
+
+def _dtype_names(op):
+  return tuple(t.dtype.base_dtype.name for t in op.inputs)
+
+
+def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
   """Audits a built graph for bfloat16 mistakes.
 
   Args:
     graph: the `tf.Graph` to read; the default graph if None.
     strict: if True, raise `PrecisionError` when anything is found.
     loss: optional loss tensor; it must be float32.
+    min_bfloat16_share: if set (e.g. `MIN_BFLOAT16_SHARE`), a graph with
+      matmul/conv ops of which less than this share of FLOPs runs in
+      bfloat16 is a problem, naming the largest float32 ones.
 
   Returns:
     A `GraphReport`.
@@ -157,6 +200,7 @@ def check_graph(graph=None, strict=True, loss=None):
   graph = graph or tf.compat.v1.get_default_graph()
   half_vars, mixed_ops, problems = [], [], []
   flops = {}
+  float32_ops = []
   num_casts = 0
   operations = graph.get_operations()
   for op in operations:
@@ -170,12 +214,14 @@ def check_graph(graph=None, strict=True, loss=None):
     dtypes = _float_input_dtypes(op)
     if op.type in _ALWAYS_MIXED or (
         len(dtypes) > 1 and op.type not in _MIXED_ALLOWED):
-      mixed_ops.append((op.name, op.type,
-                        tuple(t.dtype.base_dtype.name for t in op.inputs)))
+      mixed_ops.append((op.name, op.type, _dtype_names(op)))
     counter = _FLOP_COUNTERS.get(op.type)
     if counter is not None:
-      name = _compute_dtype(op).name
-      flops[name] = flops.get(name, 0.0) + counter(op)
+      dtype = _compute_dtype(op)
+      count = counter(op)
+      flops[dtype.name] = flops.get(dtype.name, 0.0) + count
+      if dtype == tf.float32:
+        float32_ops.append((count, op))
 
   for name, dtype in half_vars:
     problems.append(
@@ -184,11 +230,19 @@ def check_graph(graph=None, strict=True, loss=None):
         'by an explicit dtype; build it with tf.compat.v1.get_variable / '
         'tf.compat.v1.layers inside eb.bfloat16_scope instead.' % (name, dtype))
   for name, op_type, in_dtypes in mixed_ops:
+    if op_type == 'SparseMatMul':
+      problems.append(
+          'op %r is a SparseMatMul with inputs %s: it computes in float32. '
+          'tf.matmul makes one when bfloat16 meets float32 (or for a_is_sparse'
+          '/b_is_sparse); build the model under eb.wrap_model_fn, whose '
+          'autocast makes it a bfloat16 MatMul, or cast both inputs.'
+          % (name, ' x '.join(in_dtypes)))
+      continue
     problems.append(
         'op %r (%s) mixes dtypes %s: a float32 tensor meets bfloat16 '
-        'activations. Cast it with eb.cast_features / tf.cast, or request the '
-        'variable with dtype=tf.bfloat16 so the scope reads it as bfloat16.'
-        % (name, op_type, ', '.join(in_dtypes)))
+        'activations. Build it under eb.wrap_model_fn (autocast unifies '
+        'them) or cast it with tf.cast.' % (name, op_type,
+                                           ', '.join(in_dtypes)))
   loss_dtype = None
   if loss is not None:
     loss_dtype = loss.dtype.base_dtype.name
@@ -200,11 +254,23 @@ def check_graph(graph=None, strict=True, loss=None):
           'tf.cast(logits, tf.float32) before the loss.'
           % (loss.name, loss_dtype))
   total = sum(flops.values())
+  share = (flops.get('bfloat16', 0.0) / total) if total else 0.0
+  float32_ops.sort(key=lambda pair: -pair[0])
+  largest = [(op.name, op.type, count, _where_made(op))
+             for count, op in float32_ops[:_LARGEST_SHOWN]]
+  if min_bfloat16_share is not None and total and share < min_bfloat16_share:
+    problems.append(
+        'only %.1f%% of matmul/conv FLOPs run in bfloat16 (at least %.0f%% '
+        'expected under precision bfloat16). The largest float32 ones:\n  %s'
+        % (100 * share, 100 * min_bfloat16_share, '\n  '.join(
+            '%s (%s, %.3g FLOPs)%s' % (name, op_type, count,
+                                       ' made at ' + where if where else '')
+            for name, op_type, count, where in largest)))
   report = GraphReport(
       half_precision_variables=half_vars, mixed_precision_ops=mixed_ops,
       loss_dtype=loss_dtype, flops_by_dtype=flops,
-      bfloat16_flop_share=(flops.get('bfloat16', 0.0) / total) if total else 0.0,
-      num_ops=len(operations), num_casts=num_casts, problems=problems)
+      bfloat16_flop_share=share, num_ops=len(operations),
+      num_casts=num_casts, problems=problems, largest_float32_ops=largest)
   if strict and problems:
     raise PrecisionError('check_graph found %d problem(s):\n- %s' % (
         len(problems), '\n- '.join(problems)))

@@ -6,6 +6,7 @@ TPUs need int32 ids as they are.
 """
 
 import collections.abc
+import weakref
 
 import tensorflow as tf
 
@@ -19,6 +20,26 @@ def _is_namedtuple(value):
 
 
 HALF_DTYPES = (tf.float16, tf.bfloat16)
+
+# Graph -> {bfloat16 tensor ref: float32 tensor}. Autocast computes softmax
+# in float32 and rounds the result to bfloat16 only so that the next op can
+# stay bfloat16; a model_fn output built from the rounding gets the float32
+# original back instead (see `to_float32`). Keyed weakly by graph, so the
+# entries go with the graph.
+_FLOAT32_ORIGINALS = weakref.WeakKeyDictionary()
+
+
+def remember_float32_original(rounded, original):
+  """Records that `rounded` (bfloat16) is a rounding of `original` (float32)."""
+  _FLOAT32_ORIGINALS.setdefault(rounded.graph, {})[rounded.ref()] = original
+
+
+def float32_original(tensor):
+  """The float32 tensor `tensor` was rounded from by autocast, or None."""
+  if not isinstance(tensor, tf.Tensor):
+    return None
+  table = _FLOAT32_ORIGINALS.get(tensor.graph)
+  return table.get(tensor.ref()) if table else None
 
 
 def _cast_leaf(value, dtype, sources):
@@ -34,7 +55,8 @@ def _cast_leaf(value, dtype, sources):
     return value
   if isinstance(value, (tf.Tensor, tf.Variable)):
     if value.dtype.base_dtype in sources and value.dtype.base_dtype != dtype:
-      return tf.cast(value, dtype)
+      original = float32_original(value) if dtype == tf.float32 else None
+      return original if original is not None else tf.cast(value, dtype)
     return value
   # Python numbers, numpy arrays and other objects are left alone: they are
   # not graph tensors, and converting them here would change their meaning.
@@ -104,7 +126,9 @@ def to_float32(structure):
       tensors (sparse and ragged included); other leaves are kept.
 
   Returns:
-    The same structure with float32 floating tensors.
+    The same structure with float32 floating tensors. A bfloat16 tensor that
+    autocast rounded from a float32 result (softmax, log-softmax) gives back
+    that float32 result, not a float32 copy of its rounding.
   """
   return map_floating(structure, tf.float32)
 

@@ -7,18 +7,15 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_bf16 import audit as audit_lib
+from estimator_bf16 import autocasting
 from estimator_bf16 import casting
-from estimator_bf16 import float32_list
+from estimator_bf16 import layer_repairs
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import scope as scope_lib
 from estimator_bf16 import specs
 
 AUDIT_MODES = ('strict', 'warn', 'off')
 _MODEL_FN_ARGS = ('features', 'labels', 'mode', 'params', 'config')
-# Below this share of matmul/conv FLOPs in bfloat16, a bfloat16 run is
-# probably not doing what the user thinks (e.g. float32 variables requested
-# without a dtype, as BERT-style code does).
-_LOW_BF16_SHARE = 0.5
 
 
 def _check_audit(audit):
@@ -85,18 +82,24 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
   """Wraps a legacy model_fn so it computes in `precision`.
 
   Under `'bfloat16'`, the returned model_fn casts floating features to
-  bfloat16, runs `model_fn` inside `bfloat16_scope` with the float32 list in
-  force (softmax, cross-entropy, `tf.compat.v1.losses`, metrics and summaries
-  compute in float32), and returns a spec whose loss, predictions, export
-  outputs and eval_metrics / host_call tensors are float32. In TRAIN mode it
-  then audits the graph with `check_graph`.
+  bfloat16 and runs `model_fn` under autocast (`estimator_bf16.autocasting`:
+  matmul/conv ops in bfloat16 whatever style built them, the float32 list --
+  softmax, cross-entropy, reductions, statistics, summaries -- in float32,
+  float32 master weights) inside `bfloat16_scope`. The returned spec's loss,
+  predictions, export outputs and eval_metrics / host_call tensors are
+  float32, with the float32 values of softmax outputs rather than their
+  bfloat16 roundings. In TRAIN mode it then audits the graph with
+  `check_graph`, requiring `audit.MIN_BFLOAT16_SHARE` of the matmul/conv
+  FLOPs in bfloat16.
 
   Args:
     model_fn: `(features, labels, mode[, params][, config])` returning an
       `EstimatorSpec` or `TPUEstimatorSpec`; left unmodified.
     precision: `'float32'` or `'bfloat16'`.
     audit: `'strict'` raises `PrecisionError` on a precision mistake found in
-      the TRAIN graph; `'warn'` logs it; `'off'` skips the audit.
+      the TRAIN graph (16-bit variables, a non-float32 loss, mixed-dtype ops,
+      less than `audit.MIN_BFLOAT16_SHARE` of matmul/conv FLOPs in bfloat16);
+      `'warn'` logs it; `'off'` skips the audit.
     exclude: feature keys that stay as they are (see `cast_features`).
 
   Returns:
@@ -110,6 +113,10 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
   precision_lib.check_precision(precision)
   _check_audit(audit)
   accepted = _model_fn_arg_names(model_fn)
+  # tf_slim.batch_norm is broken on TensorFlow 2.15+ (see layer_repairs):
+  # repaired here, before either precision returns, so the float32 and the
+  # bfloat16 build of a tf-slim model both work.
+  layer_repairs.repair_tf_slim()
   if precision == 'float32':
     return model_fn
 
@@ -117,7 +124,7 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
   def bfloat16_model_fn(features, labels=None, mode=None, params=None,
                         config=None):
     kwargs = model_fn_kwargs(accepted, labels, mode, params, config)
-    with float32_list.float32_ops():
+    with autocasting.autocast(precision):
       features = casting.cast_features(features, precision, exclude)
       with scope_lib.bfloat16_scope(precision):
         spec = model_fn(features=features, **kwargs)
@@ -134,15 +141,11 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
 
 
 def _audit_train_graph(loss, strict):
-  report = audit_lib.check_graph(strict=strict, loss=loss)
+  report = audit_lib.check_graph(
+      strict=strict, loss=loss,
+      min_bfloat16_share=audit_lib.MIN_BFLOAT16_SHARE)
   for problem in report.problems:
     logging.warning('check_graph: %s', problem)
-  if report.flops_by_dtype and report.bfloat16_flop_share < _LOW_BF16_SHARE:
-    logging.warning(
-        'precision is bfloat16 but only %.0f%% of matmul/conv FLOPs run in '
-        'bfloat16. Variables requested without a dtype stay float32: request '
-        'them with dtype=<activation dtype> so the scope reads them as '
-        'bfloat16.', 100 * report.bfloat16_flop_share)
   logging.info('check_graph: %s', report.summary())
 
 
@@ -231,8 +234,8 @@ def build_network(network_fn=None, precision='bfloat16', exclude=()):
 
   Returns:
     A function with `network_fn`'s arguments whose floating outputs are
-    float32; the network itself ran in `bfloat16_scope` with the float32
-    list in force. Without `network_fn`, a decorator.
+    float32; the network itself was built under autocast in
+    `bfloat16_scope`. Without `network_fn`, a decorator.
   """
   precision_lib.check_precision(precision)
   if network_fn is None:
@@ -246,7 +249,7 @@ def build_network(network_fn=None, precision='bfloat16', exclude=()):
       return network_fn(*args, **kwargs)
     args = casting.cast_features(args, precision, exclude)
     kwargs = casting.cast_features(kwargs, precision, exclude)
-    with float32_list.float32_ops(), scope_lib.bfloat16_scope(precision):
+    with autocasting.autocast(precision), scope_lib.bfloat16_scope(precision):
       outputs = network_fn(*args, **kwargs)
     return casting.to_float32(outputs)
 

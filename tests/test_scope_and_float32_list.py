@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from tensorflow.python.framework import op_def_library
 
 
 def setUpModule():
@@ -130,9 +131,16 @@ class Float32ListTest(tf.test.TestCase, parameterized.TestCase):
       reference = loss_fn(labels, logits32)
       with eb.float32_ops():
         loss = loss_fn(labels, logits16)
-      self.assertEqual(loss.dtype, tf.float32)
+        mean = tf.reduce_mean(loss)
+      # Some TensorFlow loss functions cast their float32 result back to the
+      # logits' dtype; what leaves a model_fn (to_float32) and what reduces
+      # it is the float32 result itself, not a copy of its rounding.
+      exact = eb.to_float32(loss)
+      self.assertEqual(exact.dtype, tf.float32)
+      self.assertNotEqual(exact.op.type, 'Cast')
+      self.assertEqual(mean.dtype, tf.float32)
       with self.cached_session() as sess:
-        got, want = sess.run([loss, reference])
+        got, want = sess.run([exact, reference])
       # Only the bfloat16 rounding of the logits differs.
       self.assertAllClose(got, want, rtol=1e-2)
 
@@ -149,21 +157,22 @@ class Float32ListTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(sess.run(hits), [True, False])
         self.assertAllClose(sess.run(mean), 2.0)
 
-  def test_patch_undone_on_exit_and_on_error(self):
-    original = tf.nn.softmax
-    original_v1_loss = tf.compat.v1.losses.sparse_softmax_cross_entropy
+  def test_hook_undone_on_exit_and_on_error(self):
+    original = op_def_library._apply_op_helper
     with eb.float32_ops():
-      self.assertIsNot(tf.nn.softmax, original)
-      with eb.float32_ops():  # nested: still patched, once
+      self.assertIsNot(op_def_library._apply_op_helper, original)
+      with eb.float32_ops():  # nested: still in force, installed once
         pass
-      self.assertIsNot(tf.nn.softmax, original)
-    self.assertIs(tf.nn.softmax, original)
+      self.assertIsNot(op_def_library._apply_op_helper, original)
+    self.assertIs(op_def_library._apply_op_helper, original)
     with self.assertRaises(RuntimeError):
       with eb.float32_ops():
         raise RuntimeError('boom')
-    self.assertIs(tf.nn.softmax, original)
-    self.assertIs(tf.compat.v1.losses.sparse_softmax_cross_entropy,
-                  original_v1_loss)
+    self.assertIs(op_def_library._apply_op_helper, original)
+    with tf.Graph().as_default():  # and nothing is left in force
+      y = tf.nn.softmax(tf.constant([[1., 2.]], tf.bfloat16))
+      self.assertEqual(_op_dtypes('Softmax'), [tf.bfloat16])
+      self.assertEqual(y.dtype, tf.bfloat16)
 
   def test_float32_inputs_unchanged(self):
     with tf.Graph().as_default():

@@ -1,0 +1,46 @@
+"""Which op types compute in which dtype under autocast, by op type.
+
+Like TensorFlow's grappler mixed-precision lists, the rules name op types
+(what the graph holds), not Python functions, so they hold however the op
+was reached: `tf.nn.softmax`, a closure, Keras, tf-slim or TensorFlow's own
+internal callers all create the same `Softmax` op.
+
+* `BFLOAT16_OPS`: the matrix units' ops. Under `'bfloat16'` they compute in
+  bfloat16 when an input is bfloat16 or reads a trainable variable, so
+  dtype-less `get_variable` weights (BERT's style) and Keras layers (which
+  cast their inputs back to float32) still run in bfloat16.
+* `FLOAT32_OPS`: numerically sensitive ops (losses, reductions, statistics,
+  summaries). bfloat16 inputs are cast to float32 and the result is float32.
+* `FLOAT32_KEEP_DTYPE_OPS`: softmax and log-softmax compute in float32 but
+  hand back the input's dtype, so an attention block stays bfloat16 after its
+  softmax; the float32 result is remembered, and the model_fn's outputs
+  (predictions, export outputs) carry it, not its bfloat16 rounding.
+* `FOLLOW_BFLOAT16_OPS`: batch norm reads its `x` in bfloat16 when that `x`
+  is only a float32 copy of a bfloat16 tensor (what a Keras layer makes).
+
+Every other op follows its inputs: if float32 meets bfloat16, the op computes
+in bfloat16 (a variable's dtype wins for assignments).
+"""
+
+BFLOAT16_OPS = frozenset([
+    'MatMul', 'SparseMatMul', 'BatchMatMul', 'BatchMatMulV2', 'Einsum',
+    'Conv2D', 'Conv3D', 'DepthwiseConv2dNative', 'Conv2DBackpropInput',
+    'Conv3DBackpropInputV2',
+])
+
+FLOAT32_OPS = frozenset([
+    # Losses.
+    'SoftmaxCrossEntropyWithLogits', 'SparseSoftmaxCrossEntropyWithLogits',
+    'L2Loss', 'Log1p',
+    # Reductions (loss and metric means, normalization statistics).
+    'Sum', 'Mean', 'Prod', 'EuclideanNorm', 'SquaredDifference',
+    # Summaries (v1 and v2), which must record what float32 would record.
+    'ScalarSummary', 'HistogramSummary', 'WriteScalarSummary',
+    'WriteHistogramSummary',
+])
+
+FLOAT32_KEEP_DTYPE_OPS = frozenset(['Softmax', 'LogSoftmax'])
+
+FOLLOW_BFLOAT16_OPS = frozenset([
+    'FusedBatchNorm', 'FusedBatchNormV2', 'FusedBatchNormV3',
+])

@@ -1,0 +1,296 @@
+"""Tests for autocast: op-level precision rules while a model_fn is built."""
+
+import threading
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import estimator_bf16 as eb
+
+BF16 = tf.bfloat16
+
+
+def setUpModule():
+  tf.compat.v1.disable_eager_execution()
+
+
+def _ops(graph, *types):
+  return [op for op in graph.get_operations() if op.type in types]
+
+
+def _t_dtypes(graph, *types):
+  return [tf.as_dtype(op.get_attr('T')) for op in _ops(graph, *types)]
+
+
+class MixedArithmeticTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('add', lambda a, b: a + b, 'AddV2'),
+      ('add_reversed', lambda a, b: b + a, 'AddV2'),
+      ('multiply', tf.multiply, 'Mul'),
+      ('maximum_number_first', lambda a, b: tf.maximum(0.0, a), 'Maximum'),
+      ('concat', lambda a, b: tf.concat([a, b], 0), 'ConcatV2'),
+      ('bias_add', lambda a, b: tf.nn.bias_add(a, b[0]), 'BiasAdd'),
+      ('where', lambda a, b: tf.where(a > 0, a, b), 'SelectV2'))
+  def test_float32_meets_bfloat16_in_bfloat16(self, fn, op_type):
+    with tf.Graph().as_default() as graph:
+      a = tf.constant([[1.5, -2.0]], BF16)
+      b = tf.constant([[0.25, 4.0]], tf.float32)
+      with eb.autocast('bfloat16'):
+        out = fn(a, b)
+      self.assertEqual(out.dtype, BF16)
+      self.assertEqual(_t_dtypes(graph, op_type), [BF16])
+    # Without autocast TensorFlow refuses the same code (except where a
+    # number comes first, which it converts only when a tensor leads).
+    if op_type not in ('Maximum',):
+      with tf.Graph().as_default():
+        with self.assertRaises((TypeError, ValueError)):
+          fn(tf.constant([[1.5, -2.0]], BF16),
+             tf.constant([[0.25, 4.0]], tf.float32))
+
+  def test_matmul_bfloat16_float32_is_a_bfloat16_matmul(self):
+    with tf.Graph().as_default() as graph:
+      a = tf.constant(np.ones([2, 3]), BF16)
+      b = tf.constant(np.full([3, 4], 0.5), tf.float32)
+      with eb.autocast('bfloat16'):
+        out = tf.matmul(a, b)
+        out_t = tf.matmul(b, a, transpose_a=True, transpose_b=True)
+      self.assertEqual(_ops(graph, 'SparseMatMul'), [])
+      self.assertEqual(_t_dtypes(graph, 'MatMul'), [BF16, BF16])
+      with self.cached_session() as sess:
+        got, got_t = sess.run([out, out_t])
+      self.assertAllClose(got, np.full([2, 4], 1.5))
+      self.assertAllClose(got_t, np.full([4, 2], 1.5))
+    with tf.Graph().as_default() as graph:  # TensorFlow alone: SparseMatMul.
+      tf.matmul(tf.constant(np.ones([2, 3]), BF16),
+                tf.constant(np.ones([3, 4]), tf.float32))
+      self.assertLen(_ops(graph, 'SparseMatMul'), 1)
+
+  def test_float32_list_computes_in_float32(self):
+    with tf.Graph().as_default() as graph:
+      x = tf.constant([[1.0, 2.0, 3.5]], BF16)
+      with eb.autocast('bfloat16'):
+        mean, variance = tf.nn.moments(x, [-1])
+        hits = tf.math.in_top_k(tf.constant([2]), x, 1)  # no bfloat16 kernel
+        total = tf.reduce_sum(x)
+      self.assertEqual(mean.dtype, tf.float32)
+      self.assertEqual(variance.dtype, tf.float32)
+      self.assertEqual(total.dtype, tf.float32)
+      self.assertEqual(set(_t_dtypes(graph, 'Mean', 'SquaredDifference')),
+                       {tf.float32})
+      with self.cached_session() as sess:
+        self.assertAllEqual(sess.run(hits), [True])
+
+  def test_bfloat16_copy_is_not_cast_back(self):
+    # Keras casts bfloat16 inputs to float32; the next matmul reads the
+    # bfloat16 original instead of rounding a float32 copy again.
+    with tf.Graph().as_default() as graph:
+      x = tf.constant(np.ones([2, 3]), BF16)
+      w = tf.compat.v1.get_variable('w', [3, 2])
+      with eb.autocast('bfloat16'):
+        out = tf.matmul(tf.cast(x, tf.float32), w)
+      matmul = _ops(graph, 'MatMul')[0]
+      self.assertIs(matmul.inputs[0], x)
+      self.assertEqual(out.dtype, BF16)
+
+  def test_same_tensor_cast_once(self):
+    with tf.Graph().as_default() as graph:
+      adder = tf.constant([[0.0, -10000.0]])
+      x = tf.constant([[1.0, 2.0]], BF16)
+      before = len(_ops(graph, 'Cast'))
+      with eb.autocast('bfloat16'):
+        for _ in range(4):
+          x = x + adder
+      self.assertLen(_ops(graph, 'Cast'), before + 1)
+
+  def test_keep_float32_leaves_ops_alone(self):
+    with tf.Graph().as_default() as graph:
+      w = tf.compat.v1.get_variable('w', [3, 2])
+      with eb.autocast('bfloat16'):
+        with eb.keep_float32():
+          tf.matmul(tf.ones([2, 3]), w)
+        tf.matmul(tf.ones([2, 3]), w)
+      self.assertEqual(_t_dtypes(graph, 'MatMul'), [tf.float32, BF16])
+
+  def test_float32_precision_changes_nothing(self):
+    with tf.Graph().as_default() as graph:
+      with eb.autocast('float32'):
+        w = tf.compat.v1.get_variable('w', [3, 2])
+        tf.nn.softmax(tf.matmul(tf.ones([2, 3]), w))
+      self.assertEqual(_t_dtypes(graph, 'MatMul', 'Softmax'),
+                       [tf.float32, tf.float32])
+      self.assertEqual(_ops(graph, 'Cast'), [])
+
+  def test_bad_precision(self):
+    with self.assertRaisesRegex(ValueError, "'float32', 'bfloat16'"):
+      with eb.autocast('float16'):
+        pass
+
+
+class VariableStorageTest(tf.test.TestCase):
+
+  def test_trainable_bfloat16_variable_is_stored_float32(self):
+    with tf.Graph().as_default():
+      with eb.autocast('bfloat16'):
+        var = tf.compat.v1.Variable(np.ones([2, 2]), dtype=BF16, name='w')
+        state = tf.compat.v1.Variable(np.ones([2]), dtype=BF16,
+                                      trainable=False, name='state')
+      self.assertEqual(var.dtype.base_dtype, tf.float32)
+      self.assertEqual(var.op.name, 'w')
+      # Non-trainable state keeps what was asked (the audit reports it).
+      self.assertEqual(state.dtype.base_dtype, BF16)
+
+  def test_keras_v1_dtype_behaviour_gets_float32_weights(self):
+    # With v2 dtype behaviour off (as after disable_v2_behavior()), a Keras
+    # layer takes its dtype from a bfloat16 input and asks for bfloat16
+    # weights.
+    tf.compat.v1.keras.layers.disable_v2_dtype_behavior()
+    try:
+      with tf.Graph().as_default() as graph:
+        x = tf.ones([4, 3], BF16)
+        with eb.autocast('bfloat16'):
+          out = tf.keras.layers.Dense(2, name='dense')(x)
+        self.assertEqual(out.dtype, BF16)
+        self.assertEqual(
+            sorted((v.op.name, v.dtype.base_dtype)
+                   for v in tf.compat.v1.global_variables()),
+            [('dense/bias', tf.float32), ('dense/kernel', tf.float32)])
+        self.assertEqual(_t_dtypes(graph, 'MatMul'), [BF16])
+    finally:
+      tf.compat.v1.keras.layers.enable_v2_dtype_behavior()
+
+
+def _probabilities_model_fn(features, labels, mode):
+  """A tiny classifier returning softmax probabilities as predictions."""
+  del labels
+  logits = tf.compat.v1.layers.dense(features['x'], 5, name='logits')
+  scores = tf.matmul(logits[:, :, None], logits[:, None, :])  # attention-like
+  attention = tf.nn.softmax(scores)
+  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+      mode, predictions={
+          'probabilities': tf.nn.softmax(logits),
+          'logits': logits,
+          'attention_dtype_is_bf16': tf.constant(attention.dtype == BF16),
+      })
+
+
+class ExactFloat32OutputsTest(tf.test.TestCase):
+
+  def test_probabilities_are_float32_softmax_of_bfloat16_logits(self):
+    with tf.Graph().as_default():
+      x = tf.constant(np.random.RandomState(0).randn(64, 7) * 3, tf.float32)
+      spec = eb.wrap_model_fn(_probabilities_model_fn, 'bfloat16')(
+          {'x': x}, None, 'infer')
+      predictions = spec.predictions
+      self.assertEqual(predictions['probabilities'].dtype, tf.float32)
+      with self.cached_session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        out = sess.run(predictions)
+    self.assertTrue(out['attention_dtype_is_bf16'])
+    as_bfloat16 = BF16.as_numpy_dtype
+    # The logits really are bfloat16 values.
+    self.assertAllEqual(
+        out['logits'].astype(as_bfloat16).astype(np.float32), out['logits'])
+    logits = out['logits'].astype(np.float64)
+    probabilities = out['probabilities']
+    self.assertAllClose(probabilities.sum(axis=1), np.ones(64), atol=1e-5)
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    reference = shifted / shifted.sum(axis=1, keepdims=True)
+    self.assertAllClose(probabilities, reference, atol=1e-6, rtol=0)
+    # A bfloat16 rounding of them would be off by far more.
+    rounded = probabilities.astype(as_bfloat16).astype(np.float64)
+    self.assertGreater(np.abs(rounded - reference).max(), 1e-4)
+
+
+class SecondThreadTest(tf.test.TestCase):
+
+  def test_other_thread_building_meanwhile_is_untouched(self):
+    inside = threading.Event()
+    done = threading.Event()
+    seen = {}
+
+    def autocast_thread():
+      with tf.Graph().as_default() as graph:
+        with eb.autocast('bfloat16'):
+          w = tf.compat.v1.get_variable('w', [3, 2])
+          inside.set()
+          done.wait(30)  # the other thread builds while we are inside
+          tf.matmul(tf.ones([2, 3]), w)
+        seen['autocast'] = _t_dtypes(graph, 'MatMul')
+
+    thread = threading.Thread(target=autocast_thread)
+    thread.start()
+    try:
+      self.assertTrue(inside.wait(30))
+      with tf.Graph().as_default() as graph:
+        w = tf.compat.v1.get_variable('w', [3, 2])
+        tf.matmul(tf.ones([2, 3]), w)
+        tf.matmul(tf.ones([2, 3], BF16), tf.ones([3, 2]))
+        with self.assertRaisesRegex((TypeError, ValueError), 'bfloat16'):
+          tf.ones([2], BF16) + tf.ones([2])
+        self.assertEqual(_t_dtypes(graph, 'MatMul'), [tf.float32])
+        self.assertLen(_ops(graph, 'SparseMatMul'), 1)
+    finally:
+      done.set()
+      thread.join(30)
+    self.assertEqual(seen['autocast'], [BF16])
+
+
+def _network_with(hidden_in_float32):
+
+  def model_fn(features, labels, mode):
+    net = tf.compat.v1.layers.dense(features, 4, name='small')
+    w = tf.compat.v1.get_variable('big', [4, 256])
+    if hidden_in_float32:
+      with eb.keep_float32():
+        net = tf.matmul(tf.cast(net, tf.float32), w)
+    else:
+      net = tf.matmul(net, w)
+    logits = tf.compat.v1.layers.dense(net, 2, name='logits')
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+        loss, tf.compat.v1.train.get_or_create_global_step())
+    return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+        mode, loss=loss, train_op=train_op)
+
+  return model_fn
+
+
+class StrictShareTest(tf.test.TestCase):
+
+  def test_low_bfloat16_share_fails_strict_audit_naming_the_code(self):
+    with tf.Graph().as_default():
+      model_fn = eb.wrap_model_fn(_network_with(True), 'bfloat16')
+      with self.assertRaises(eb.PrecisionError) as caught:
+        model_fn(tf.ones([8, 3]), tf.zeros([8], tf.int32), 'train')
+    message = str(caught.exception)
+    self.assertIn('of matmul/conv FLOPs run in bfloat16', message)
+    self.assertIn('MatMul', message)
+    self.assertIn('test_autocast.py', message)  # where it was made
+    self.assertIn('50%', message)
+
+  def test_default_share_and_warn_mode(self):
+    self.assertEqual(eb.MIN_BFLOAT16_SHARE, 0.5)
+    with tf.Graph().as_default():
+      model_fn = eb.wrap_model_fn(_network_with(False), 'bfloat16')
+      spec = model_fn(tf.ones([8, 3]), tf.zeros([8], tf.int32), 'train')
+      report = eb.check_graph(strict=False, loss=spec.loss)
+      self.assertGreater(report.bfloat16_flop_share, 0.95)
+    with tf.Graph().as_default():
+      with self.assertLogs(level='WARNING') as logs:
+        eb.wrap_model_fn(_network_with(True), 'bfloat16', audit='warn')(
+            tf.ones([8, 3]), tf.zeros([8], tf.int32), 'train')
+      self.assertTrue(any('FLOPs run in bfloat16' in l for l in logs.output))
+
+  def test_sparse_matmul_message_names_real_dtypes(self):
+    with tf.Graph().as_default():
+      tf.matmul(tf.ones([2, 3], BF16), tf.ones([3, 2]))
+      report = eb.check_graph(strict=False)
+    problem = [p for p in report.problems if 'SparseMatMul' in p][0]
+    self.assertIn('bfloat16 x float32', problem)
+    self.assertIn('computes in float32', problem)
+
+
+if __name__ == '__main__':
+  tf.test.main()
