@@ -367,18 +367,24 @@ def _compat_backend():
 
 
 @contextlib.contextmanager
-def _forget_program_flags():
-  """absl flags the program defines are dropped afterwards.
+def _forget_program_state(program):
+  """Drops the absl flags and the modules of the program's folder afterwards.
 
-  A process runs a program once; this lets a second run in the same
-  process (tests) define its flags again.
+  A process runs a program once; this lets a second run in the same process
+  (tests, notebooks) import its sibling modules and define its flags again,
+  as a fresh `python PROGRAM.py` would.
   """
-  before = set(flags.FLAGS)
+  folder = os.path.dirname(os.path.realpath(program)) + os.sep
+  flags_before, modules_before = set(flags.FLAGS), set(sys.modules)
   try:
     yield
   finally:
-    for name in set(flags.FLAGS) - before:
+    for name in set(flags.FLAGS) - flags_before:
       delattr(flags.FLAGS, name)
+    for name in set(sys.modules) - modules_before:
+      path = getattr(sys.modules[name], '__file__', None) or ''
+      if os.path.realpath(path).startswith(folder):
+        del sys.modules[name]
 
 
 def _exit_code(exit_exception):
@@ -438,7 +444,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     stack.enter_context(_compat_backend())
     stack.enter_context(tpu_resolver.substitute_empty_name(count_resolver))
     stack.enter_context(session.patches())
-    stack.enter_context(_forget_program_flags())
+    stack.enter_context(_forget_program_state(program))
     stack.enter_context(_program_argv(program, args))
     try:
       runpy.run_path(program, run_name='__main__')
