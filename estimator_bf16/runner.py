@@ -204,23 +204,31 @@ class _Session(object):
       if mode == _TRAIN:
         session.record_train_graph(raw.get('loss'))
         if session.check:
-          session.result.train_graph = TrainGraph(
-              model_fn=model_fn, features=tf.nest.map_structure(
-                  _spec_of_example, features),
-              labels=(None if labels is None else
-                      tf.nest.map_structure(_spec_of_example, labels)),
-              params={k: v for k, v in dict(params or {}).items()
-                      if k not in _TPU_PARAMS},
-              variable_shapes=[
-                  (v.op.name, v.shape.as_list())
-                  for v in tf.compat.v1.trainable_variables()],
-              batch_size=_static_batch(features))
+          session.result.train_graph = session.train_graph(
+              model_fn, features, labels, params)
           raise _TrainGraphBuilt()
       return spec
 
     model_fn_in_precision.__name__ = getattr(model_fn, '__name__', 'model_fn')
     model_fn_in_precision.__doc__ = getattr(model_fn, '__doc__', None)
     return model_fn_in_precision
+
+  def train_graph(self, model_fn, features, labels, params):
+    """A `TrainGraph` of the graph being built; specs None if not dense."""
+    try:
+      feature_specs = tf.nest.map_structure(_spec_of_example, features)
+      label_specs = (None if labels is None else
+                     tf.nest.map_structure(_spec_of_example, labels))
+    except TypeError as e:
+      feature_specs = label_specs = None
+      self.result.plan_error = str(e)
+    return TrainGraph(
+        model_fn=model_fn, features=feature_specs, labels=label_specs,
+        params={k: v for k, v in dict(params or {}).items()
+                if k not in _TPU_PARAMS},
+        variable_shapes=[(v.op.name, v.shape.as_list())
+                         for v in tf.compat.v1.trainable_variables()],
+        batch_size=_static_batch(features))
 
   def record_train_graph(self, loss):
     self.result.reports.append(eb.check_graph(strict=False, loss=loss))
@@ -461,7 +469,8 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       result.error = _program_traceback(e, program)
       print(result.error, end='', file=sys.stderr)
       result.exit_code = 1
-    if check and result.train_graph is not None and plan_fn is not None:
+    if (check and plan_fn is not None and result.train_graph is not None
+        and result.train_graph.features is not None):
       try:
         result.plans = plan_fn(result.train_graph)
       except Exception as e:  # pylint: disable=broad-except

@@ -30,10 +30,14 @@ from estimator_bf16 import tpu_resolver
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PROGRAM = os.path.join('tests', 'legacy_tpu_main.py')
 _PLANTED = os.path.join('tests', 'legacy_tpu_main_planted.py')
-# Stated tolerance: |eval accuracy (bfloat16) - eval accuracy (float32)|
-# after the program's 60 steps, on its 256 eval examples. Measured: 0.0 on
-# TensorFlow 2.15.1 and 2.21.0 (both 0.9805); 0.03 is 8 examples.
+# Stated tolerances, bfloat16 vs float32 after the program's 60 steps on its
+# 256 eval examples. Accuracy: measured 0.9805 in every run on TensorFlow
+# 2.15.1 and 2.21.0; 0.03 is 8 examples. One class holds most labels of
+# this synthetic task, so the eval loss is the sharper check: measured
+# 0.106-0.132 over eight runs (both precisions, both TensorFlows; the
+# runs are not bit-reproducible), largest bfloat16/float32 gap 0.021.
 _ACCURACY_TOLERANCE = 0.03
+_LOSS_TOLERANCE = 0.05
 _TMP = {}
 
 
@@ -117,16 +121,19 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
     self.assertTrue(os.path.isfile(os.path.join(result['export_dir'],
                                                 'saved_model.pb')))
 
-  def test_eval_accuracy_matches_float32(self):
-    accuracy = {}
+  def test_eval_matches_float32_within_tolerance(self):
+    metrics = {}
     for precision in eb.PRECISIONS:
       proc, _, results = _run_legacy_program(precision)
       self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
       with open(results) as f:
-        accuracy[precision] = json.load(f)['accuracy']
-    self.assertGreater(accuracy['float32'], 0.8)
-    self.assertLessEqual(abs(accuracy['bfloat16'] - accuracy['float32']),
+        metrics[precision] = json.load(f)
+    self.assertGreater(metrics['float32']['accuracy'], 0.8)
+    self.assertLessEqual(abs(metrics['bfloat16']['accuracy'] -
+                             metrics['float32']['accuracy']),
                          _ACCURACY_TOLERANCE)
+    self.assertLessEqual(abs(metrics['bfloat16']['loss'] -
+                             metrics['float32']['loss']), _LOSS_TOLERANCE)
 
   def test_check_prints_audit_and_plan_without_training(self):
     model_dir = os.path.join(_TMP['root'], 'check')
