@@ -24,7 +24,7 @@ EXIT_CHECK_FAILED = 1
 
 
 def build_parser():
-  """The `estimator_bf16 run|check` parser; flags defined here, not at import."""
+  """The `estimator_bf16 run|check` parser, built on call (not at import)."""
   parser = argparse.ArgumentParser(
       prog='estimator_bf16', allow_abbrev=False,
       description='Run an unmodified Estimator/TPUEstimator program in '

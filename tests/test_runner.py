@@ -18,6 +18,7 @@ import tempfile
 import textwrap
 
 from absl.testing import parameterized
+from google.protobuf import text_format
 import pytest
 import tensorflow as tf
 
@@ -64,7 +65,8 @@ def _run_legacy_program(precision):
   """Runs the acceptance program once per precision; returns (proc, dirs)."""
   model_dir = os.path.join(_TMP['root'], precision)
   results = os.path.join(_TMP['root'], precision + '.json')
-  proc = _cli('run', '--precision=' + precision, _PROGRAM, '--use_tpu=false',
+  proc = _cli('run', '--precision=' + precision, '--memory', _PROGRAM,
+              '--use_tpu=false',
               '--model_dir=' + model_dir, '--results=' + results)
   return proc, model_dir, results
 
@@ -73,7 +75,6 @@ def _op_dtypes(model_dir, op_types):
   """{op type: set of T attrs} of the graph the Estimator wrote."""
   graph_def = tf.compat.v1.GraphDef()
   with open(os.path.join(model_dir, 'graph.pbtxt')) as f:
-    from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
     text_format.Parse(f.read(), graph_def)
   found = {}
   for node in graph_def.node:
@@ -102,6 +103,8 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('bfloat16 share of matmul/conv FLOPs: %s' % share,
                   proc.stderr)
     self.assertIn('audit: no problems', proc.stderr)
+    self.assertRegex(proc.stderr, r'peak training-step memory \(CPU '
+                     r'allocator, measured\): [0-9.]+ MiB\nexit code: 0\n$')
     # Convolutions and matmuls (forward and gradients) in the precision.
     dtypes = _op_dtypes(model_dir, ('Conv2D', 'MatMul',
                                     'Conv2DBackpropFilter'))
@@ -208,7 +211,8 @@ class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
     state = {'resolver_new': vars(resolver).get('__new__'),
              'argv': list(sys.argv), 'path': list(sys.path),
              'compat_installed': eb.compat.installed()}
-    for base, tpu in runner._estimator_classes():  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    for base, tpu in runner._estimator_classes():
       for owner in (base, tpu):
         for name in ('__init__', 'train', 'evaluate', 'predict'):
           state[(owner, name)] = vars(owner).get(name)
