@@ -263,6 +263,24 @@ class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
       self.assertIn('PrecisionError', result.error)
     self.assertIn("variable 'half'", run_report.format_run_report(result))
 
+  def test_train_and_evaluate_input_fns_are_wrapped(self):
+    if eb.BACKEND == 'compat':
+      self.skipTest('the compat backend has no train_and_evaluate')
+    program = self._program(_ESTIMATOR_PROGRAM.replace(
+        """estimator.train(input_fn, max_steps=1)
+estimator.evaluate(input_fn, steps=1)""",
+        """tf.estimator.train_and_evaluate(
+    estimator, tf.estimator.TrainSpec(input_fn, max_steps=2),
+    tf.estimator.EvalSpec(input_fn, steps=1, throttle_secs=0))"""))
+    seen_file = os.path.join(self.get_temp_dir(), 'seen_tae.json')
+    result = runner.run_program(
+        program, [os.path.join(self.get_temp_dir(), 'tae'), seen_file])
+    self.assertEqual(result.exit_code, 0, result.error)
+    with open(seen_file) as f:
+      modes = [tuple(item) for item in json.load(f) if item[0] != 'input_fn']
+    self.assertEqual(modes, [('train', 'bfloat16', 'bfloat16'),
+                             ('eval', 'bfloat16', 'bfloat16')])
+
   def test_everything_patched_is_restored(self):
     before = self._patched_state()
     for source, code in (('import sys; sys.exit(3)', 3),
