@@ -392,6 +392,9 @@ def _model_fn_step_builder(model_fn, precision, params):
   def build(features, labels, batch_size):
     run_params = dict(params or {}, batch_size=batch_size,
                       precision=precision, use_tpu=False)
+    # Estimators create the global step before calling model_fn, and model
+    # code reads it (learning-rate schedules, host_call summaries).
+    tf.compat.v1.train.get_or_create_global_step()
     # 'train' is ModeKeys.TRAIN; the string keeps tf.estimator out of here.
     kwargs = {'labels': labels, 'mode': 'train',
               'params': run_params, 'config': None}

@@ -4,6 +4,8 @@
       --zone=ZONE --accelerator-type=v3-8 --version=tpu-vm-tf-2.15.0-se \
       --model-dir=gs://... [--data-dir=gs://...] [--spot] [--keep] \
       [common flags] -- TRAINER ARGS
+  python scripts/tpu_submit.py tpu-vm {run,up} ... --program=DIR/main.py \
+      [--precision=bfloat16|float32] -- PROGRAM ARGS
   python scripts/tpu_submit.py vertex submit --region=R --display-name=N \
       --accelerator-type=TPU_V3 --staging-bucket=gs://... --model-dir=gs://... \
       [--timeout=2h] [--spot] [common flags] -- TRAINER ARGS
@@ -12,7 +14,8 @@
   common flags: --dry-run --gcloud=PATH --project=P --quiet
 
 Everything after `--` goes verbatim to `python -m models.train` on the TPU
-host. Exit codes: 2 for a rejected command line (no gcloud call is made),
+host, or with --program to the user's own program, which runs there
+unmodified under `python -m estimator_bf16 run`. Exit codes: 2 for a rejected command line (no gcloud call is made),
 otherwise the exit code of the first failing command.
 """
 

@@ -464,6 +464,118 @@ def test_ai_platform_dry_run_prints_legacy_command(gcloud, package, capsys):
   assert 'tpu-vm up' in captured.err and 'vertex submit' in captured.err
 
 
+# --- A program of one's own, through `estimator_bf16 run`. --------------------
+
+
+@pytest.fixture(name='program')
+def _program(tmp_path):
+  """A user's program folder: the program and a sibling module."""
+  folder = tmp_path / 'mnist'
+  folder.mkdir()
+  (folder / 'mnist_tpu.py').write_text('import helper\n')
+  (folder / 'helper.py').write_text('')
+  return folder / 'mnist_tpu.py'
+
+
+def _program_remote(*program_args, precision='bfloat16'):
+  run = ['python3', '-m', 'estimator_bf16', 'run', '--precision=' + precision,
+         'mnist/mnist_tpu.py', *program_args]
+  return ('python3 -m pip install --quiet --user --no-deps --force-reinstall '
+          '%s tf-slim==1.1.0 && %s' % (PKG, shlex.join(run)))
+
+
+def _program_scp(program):
+  return ['compute', 'tpus', 'tpu-vm', 'scp', '--recurse',
+          str(program.parent), 'bf16-v3:', '--zone=us-central1-a',
+          '--worker=all']
+
+
+PROGRAM_ARGS = ['--tpu=local', '--use_tpu', '--model_dir=gs://bucket/m']
+
+
+def test_run_program_copies_its_folder_then_runs_it_in_bfloat16(
+    gcloud, package, program):
+  argv = _tpu('run', package=package, model_dir=None, program=str(program))
+  assert tpu_submit.main(argv + ['--'] + PROGRAM_ARGS) == 0
+  assert gcloud.calls() == [
+      _scp(package), _program_scp(program),
+      SSH + ['bf16-v3', '--zone=us-central1-a', '--worker=all',
+             '--command=' + _program_remote(*PROGRAM_ARGS)]]
+
+
+def test_up_program_in_float32_then_deletes(gcloud, package, program):
+  argv = _tpu('up', package=package, model_dir=None, program=str(program),
+              precision='float32')
+  assert tpu_submit.main(argv + ['--'] + PROGRAM_ARGS) == 0
+  calls = gcloud.calls()
+  assert calls[0] == CREATE and calls[-1] == DELETE + ['--quiet']
+  assert calls[2] == _program_scp(program)
+  assert calls[3][-1] == '--command=' + _program_remote(
+      *PROGRAM_ARGS, precision='float32')
+
+
+def test_program_dry_run_prints_and_runs_nothing(gcloud, package, program,
+                                                 capsys):
+  argv = _tpu('run', package=package, model_dir=None, program=str(program),
+              dry_run=True)
+  assert tpu_submit.main(argv + ['--', '--model_dir=gs://bucket/m']) == 0
+  assert gcloud.calls() == []
+  captured = capsys.readouterr()
+  commands = [shlex.split(line) for line in captured.out.splitlines()]
+  assert [c[1:] for c in commands[:2]] == [_scp(package),
+                                           _program_scp(program)]
+  assert commands[2][-1] == '--command=' + _program_remote(
+      '--model_dir=gs://bucket/m')
+  # No --tpu among the program's arguments: the user hears how to add it.
+  assert 'add --tpu=local after --' in captured.err
+
+
+@pytest.mark.parametrize('change, message', [
+    (dict(program='{folder}/missing.py'), 'missing.py: no such file'),
+    (dict(program='{folder}/helper.txt'), 'give the Python program'),
+    (dict(model_dir='gs://bucket/m'),
+     '--model-dir is a flag of models.train; with --program'),
+    (dict(precision='float16'), '--precision=float16: use one of bfloat16, '
+     'float32'),
+    (dict(program=None, precision='float32'), '--precision goes with '
+     '--program'),
+    (dict(args=['--model_dir=/home/me/model']),
+     '--model_dir=/home/me/model after --: the TPU host cannot read'),
+    (dict(args=['--use_tpu=false']), 'runs on a TPU VM to use its TPU'),
+    (dict(big=True), 'holds more than 50 MiB'),
+], ids=['missing', 'not-python', 'model-dir', 'precision', 'precision-alone',
+        'local-dir', 'no-tpu', 'big-folder'])
+def test_program_validation_exits_2_without_gcloud(gcloud, package, program,
+                                                   capsys, change, message):
+  flags = dict(package=package, model_dir=None, program=str(program))
+  for key in ('program', 'model_dir', 'precision'):
+    if key in change:
+      value = change[key]
+      flags[key] = (value.format(folder=program.parent)
+                    if isinstance(value, str) else value)
+  if change.get('big'):
+    with open(program.parent / 'data.bin', 'wb') as f:
+      f.truncate(51 * 2**20)  # Sparse: costs no disk.
+  argv = _tpu('run', **flags) + ['--'] + change.get('args', PROGRAM_ARGS)
+  assert tpu_submit.main(argv) == 2
+  assert message in capsys.readouterr().err
+  assert gcloud.calls() == []
+
+
+def test_ai_platform_says_shut_down_before_any_missing_flag(gcloud, capsys):
+  assert tpu_submit.main(['ai-platform', 'submit', '--', '--model=m']) == 2
+  err = capsys.readouterr().err
+  assert 'AI Platform Training was shut down' in err
+  assert '--job-name' not in err
+  # With --dry-run the missing flags are named, after the shutdown.
+  assert tpu_submit.main(['ai-platform', 'submit', '--dry-run', '--',
+                          '--model=m']) == 2
+  err = capsys.readouterr().err
+  assert err.index('shut down') < err.index(
+      'required: --job-name, --region, --staging-bucket, --model-dir')
+  assert gcloud.calls() == []
+
+
 # --- TPU v2 -> v3. -----------------------------------------------------------
 
 

@@ -19,8 +19,19 @@ SHUTDOWN = (
 
 def submit(args, root):
   """`ai-platform submit --dry-run`: the legacy command, for comparison."""
+  # The shutdown comes first, before any flag is checked: whoever follows an
+  # old tutorial must learn that the service is gone, not that a flag is
+  # missing.
   if not args.dry_run:
     raise validation.UsageError(SHUTDOWN)
+  runner_lib.note(SHUTDOWN)
+  missing = [flag for flag, value in (
+      ('--job-name', args.job_name), ('--region', args.region),
+      ('--staging-bucket', args.staging_bucket),
+      ('--model-dir', args.model_dir)) if value is None]
+  if missing:
+    raise validation.UsageError('the following arguments are required: %s'
+                                % ', '.join(missing))
   validation.check_aip_job_name(args.job_name)
   validation.check_region(args.region)
   validation.check_gcs_path('--staging-bucket', args.staging_bucket)
@@ -32,7 +43,6 @@ def submit(args, root):
                            root)
   gcloud = common.make_gcloud(args)
   runner = common.make_runner(args, root)
-  runner_lib.note(SHUTDOWN)
   package_uri = '%s/tpu_submit/%s/%s' % (args.staging_bucket.rstrip('/'),
                                          args.job_name, package.file_name)
   # AI Platform's TPU tier gave the trainer a TPU by name through its cluster

@@ -11,8 +11,8 @@ from scripts.tpu import tpu_vm
 from scripts.tpu import vertex
 
 _EPILOG = ('Trainer arguments go after `--` and reach `python -m '
-           'models.train` on the TPU host verbatim, e.g. -- --model=mnist_mlp '
-           '--precision=bfloat16')
+           'models.train` (or, with --program, your program) on the TPU host '
+           'verbatim, e.g. -- --model=mnist_mlp --precision=bfloat16')
 
 
 def _add_common(parser):
@@ -56,18 +56,30 @@ def _add_package(parser):
                       'written (default: build/tpu_submit in the repository)')
 
 
-def _add_trainer_dirs(parser):
-  parser.add_argument('--model-dir', required=True,
+def _add_trainer_dirs(parser, required=True):
+  # Not required by argparse where the handler must speak first (a program
+  # of one's own, a shut-down service); the handler then checks it.
+  parser.add_argument('--model-dir', required=required,
                       help='gs:// checkpoint and summary directory')
   parser.add_argument('--data-dir', help='gs:// input data directory')
 
 
 def _add_tpu_run(parser):
-  _add_trainer_dirs(parser)
+  _add_trainer_dirs(parser, required=False)
   parser.add_argument('--worker', default='all',
                       help='TPU workers to run on (default: all; pod slices '
                       'require all)')
   _add_package(parser)
+  program = parser.add_argument_group(
+      'your own program', 'Run an unmodified TPUEstimator program instead of '
+      'models.train: its folder is copied to the TPU host and run there with '
+      '`python -m estimator_bf16 run`; the arguments after `--` are the '
+      "program's own (give it --tpu=local and gs:// paths).")
+  program.add_argument('--program', metavar='PROGRAM.py',
+                       help='the program to run in bfloat16 (instead of '
+                       'models.train; then --model-dir is not used)')
+  program.add_argument('--precision', help='bfloat16 (default) or float32 '
+                       '(the program unchanged); only with --program')
 
 
 def _subparsers(parser, dest):
@@ -154,10 +166,12 @@ def _add_ai_platform(paths):
   submit = _leaf(actions, 'submit', ai_platform.submit, 'print the legacy '
                  'BASIC_TPU submission (needs --dry-run)',
                  takes_trainer_args=True)
-  submit.add_argument('--job-name', required=True)
-  submit.add_argument('--region', required=True)
-  submit.add_argument('--staging-bucket', required=True)
-  _add_trainer_dirs(submit)
+  # Required, but checked by the handler: a user of the shut-down service
+  # hears that first, not that a flag is missing.
+  submit.add_argument('--job-name')
+  submit.add_argument('--region')
+  submit.add_argument('--staging-bucket')
+  _add_trainer_dirs(submit, required=False)
   submit.add_argument('--runtime-version', default='2.11',
                       help='AI Platform runtime (2.11 was the last)')
   submit.add_argument('--python-version', default='3.7')

@@ -9,6 +9,7 @@ import shlex
 
 from scripts.tpu import common
 from scripts.tpu import packaging
+from scripts.tpu import program as program_lib
 from scripts.tpu import runner as runner_lib
 from scripts.tpu import validation
 
@@ -42,8 +43,11 @@ def scp_argv(gcloud, args, package):
                      '--zone=' + args.zone, '--worker=' + args.worker)
 
 
-def remote_command(args, package):
+def remote_command(args, package, program=None):
   """The shell line run on each TPU host: install the package, then train.
+
+  With a `program.Program`, the training command is the user's program
+  under `estimator_bf16 run` instead of models.train.
 
   This is the one shell string in the script, and it runs remotely: every
   word is quoted, so the user's arguments reach the trainer verbatim.
@@ -54,16 +58,19 @@ def remote_command(args, package):
              '--no-deps', '--force-reinstall', package.file_name,
              *EXTRA_REQUIREMENTS]
   # `python3`: the Ubuntu images of TPU VMs have no `python` alias.
-  train = ['python3', '-m', common.TRAINER_MODULE,
-           *common.trainer_args(args.model_dir, args.data_dir,
-                                args.trainer_args)]
+  if program is not None:
+    train = program_lib.run_words(program, args.trainer_args)
+  else:
+    train = ['python3', '-m', common.TRAINER_MODULE,
+             *common.trainer_args(args.model_dir, args.data_dir,
+                                  args.trainer_args)]
   return shlex.join(install) + ' && ' + shlex.join(train)
 
 
-def ssh_argv(gcloud, args, package):
+def ssh_argv(gcloud, args, package, program=None):
   return gcloud.argv('compute', 'tpus', 'tpu-vm', 'ssh', args.name,
                      '--zone=' + args.zone, '--worker=' + args.worker,
-                     '--command=' + remote_command(args, package))
+                     '--command=' + remote_command(args, package, program))
 
 
 def _check_location(args):
@@ -79,13 +86,22 @@ def _check_hardware(args):
 
 
 def _check_trainer(args):
+  """Validates what runs on the hosts; returns the `program.Program` or None."""
   validation.accelerator_cores(args.accelerator_type)
+  validation.check_worker(args.worker, args.accelerator_type)
+  program = program_lib.plan(args)
+  if program is not None:
+    return program
+  if args.model_dir is None:
+    raise validation.UsageError(
+        'the following arguments are required: --model-dir (or run a program '
+        'of your own with --program=PROGRAM.py)')
   validation.check_gcs_path('--model-dir', args.model_dir)
   if args.data_dir is not None:
     validation.check_gcs_path('--data-dir', args.data_dir)
-  validation.check_worker(args.worker, args.accelerator_type)
   validation.check_trainer_args(args.trainer_args)
   validation.check_num_shards(args.trainer_args, args.accelerator_type)
+  return None
 
 
 def _hardware_notes(accelerator_type):
@@ -107,9 +123,12 @@ def _prepare(args, root):
   return package, gcloud, common.make_runner(args, root)
 
 
-def _launch(gcloud, runner, args, package):
-  return common.run_all(runner, [scp_argv(gcloud, args, package),
-                                 ssh_argv(gcloud, args, package)])
+def _launch(gcloud, runner, args, package, program):
+  copies = [scp_argv(gcloud, args, package)]
+  if program is not None:
+    copies.append(program_lib.scp_argv(gcloud, args, program))
+  return common.run_all(runner, copies + [ssh_argv(gcloud, args, package,
+                                                   program)])
 
 
 def create(args, root):
@@ -124,10 +143,10 @@ def create(args, root):
 def run(args, root):
   """`tpu-vm run`: build and copy the package, then train on every worker."""
   _check_location(args)
-  _check_trainer(args)
+  program = _check_trainer(args)
   package, gcloud, runner = _prepare(args, root)
   code = packaging.build(package, runner)
-  return code or _launch(gcloud, runner, args, package)
+  return code or _launch(gcloud, runner, args, package, program)
 
 
 def delete(args, root):
@@ -146,7 +165,7 @@ def up(args, root):
   """
   _check_location(args)
   _check_hardware(args)
-  _check_trainer(args)
+  program = _check_trainer(args)
   package, gcloud, runner = _prepare(args, root)
   # Build before creating: a broken package must not cost TPU time.
   code = packaging.build(package, runner)
@@ -163,7 +182,7 @@ def up(args, root):
   run_code = 1
   delete_code = 0
   try:
-    run_code = _launch(gcloud, runner, args, package)
+    run_code = _launch(gcloud, runner, args, package, program)
   finally:
     if args.keep:
       runner_lib.note('--keep: the TPU keeps running (and billing). Delete it '

@@ -219,7 +219,7 @@ def timeout_seconds(text):
   return seconds
 
 
-def _flag_part(trainer_args):
+def flag_part(trainer_args):
   """The trainer's flags: absl reads what follows its own `--` as positional."""
   if '--' in trainer_args:
     return trainer_args[:trainer_args.index('--')]
@@ -228,7 +228,7 @@ def _flag_part(trainer_args):
 
 def _trainer_flag(trainer_args, name):
   """The value of --NAME=V or --NAME V among the trainer flags, else None."""
-  trainer_args = _flag_part(trainer_args)
+  trainer_args = flag_part(trainer_args)
   for i, arg in enumerate(trainer_args):
     if arg.startswith('--%s=' % name):
       return arg.split('=', 1)[1]
@@ -251,7 +251,7 @@ def check_trainer_args(trainer_args):
     raise UsageError(
         'no --model among the trainer arguments: models.train needs one after '
         '`--`, e.g. `-- --model=mnist_mlp --precision=bfloat16`.')
-  for arg in _flag_part(trainer_args):
+  for arg in flag_part(trainer_args):
     name = arg[2:].split('=', 1)[0] if arg.startswith('--') else None
     if name in _OWNED_TRAINER_FLAGS:
       raise UsageError('trainer argument %s after --: %s.'

@@ -1,0 +1,128 @@
+"""`python -m estimator_bf16 run|check [OPTIONS] PROGRAM.py [PROGRAM ARGS...]`.
+
+Also installed as the console script `estimator-bf16`. Options go before
+PROGRAM; everything after it is the program's own command line, passed on
+verbatim (even arguments that look like ours, such as a program's own
+`--precision`).
+
+The environment variables TensorFlow reads at import are set here, before
+TensorFlow is imported: `TF_USE_LEGACY_KERAS=1` on TensorFlow 2.16+ (legacy
+programs use tf.keras 2 and tf.compat.v1.layers), and, with `--memory`,
+`TF_CPU_ALLOCATOR_USE_BFC=true` (the allocator statistics the peak is
+read from). A variable already set is left as it is.
+"""
+
+import argparse
+import importlib.metadata
+import os
+import sys
+
+_PRECISIONS = ('bfloat16', 'float32')  # eb.PRECISIONS, without importing TF.
+_AUDIT = ('strict', 'warn', 'off')
+EXIT_USAGE = 2
+EXIT_CHECK_FAILED = 1
+
+
+def build_parser():
+  """The `estimator_bf16 run|check` parser, built on call (not at import)."""
+  parser = argparse.ArgumentParser(
+      prog='estimator_bf16', allow_abbrev=False,
+      description='Run an unmodified Estimator/TPUEstimator program in '
+      'bfloat16 (run), or check its TRAIN graph and memory without '
+      'training (check).')
+  commands = parser.add_subparsers(dest='command', required=True)
+  for name, help_text in (
+      ('run', 'run PROGRAM as `python PROGRAM ARGS` would, with every '
+       'Estimator in --precision; print a short report at exit'),
+      ('check', 'build the TRAIN graph of PROGRAM (stopping at its first '
+       'train call), print the audit and the memory plan; exit 1 on '
+       'problems')):
+    command = commands.add_parser(name, help=help_text, description=help_text,
+                                  allow_abbrev=False)
+    command.add_argument('--precision', default='bfloat16',
+                         help='bfloat16 (default) or float32 (runs the '
+                         'program unchanged, for a parity run)')
+    command.add_argument('--audit', default='strict',
+                         help='strict (default: a precision mistake in the '
+                         'TRAIN graph stops the program), warn, or off')
+    command.add_argument('--exclude', default='',
+                         help='comma-separated feature keys never cast')
+    if name == 'run':
+      command.add_argument('--memory', action='store_true',
+                           help='measure the peak memory of a training step')
+    command.add_argument('program', metavar='PROGRAM.py')
+    command.add_argument('program_args', nargs=argparse.REMAINDER,
+                         metavar='ARGS', help="the program's own arguments")
+  return parser
+
+
+def _error(message):
+  print('estimator_bf16: error: %s' % message, file=sys.stderr)
+  return EXIT_USAGE
+
+
+def _tensorflow_version():
+  """(major, minor) of the installed TensorFlow, read without importing it."""
+  try:
+    version = importlib.metadata.version('tensorflow')
+  except importlib.metadata.PackageNotFoundError:
+    return (0, 0)
+  try:
+    return tuple(int(part) for part in version.split('.')[:2])
+  except ValueError:
+    return (0, 0)
+
+
+def _set_environment(args):
+  if _tensorflow_version() >= (2, 16):
+    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+  if getattr(args, 'memory', False):
+    os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
+
+
+def main(argv=None):
+  """Runs the command line; returns the exit code.
+
+  `run` returns the program's own exit code; `check` returns 0 when the
+  TRAIN graph was built without audit problems, 1 otherwise; a bad command
+  line (unknown precision, missing program) returns 2 before anything runs.
+  """
+  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    args = build_parser().parse_args(argv)
+  except SystemExit as e:  # argparse printed the usage (or --help).
+    return e.code if isinstance(e.code, int) else EXIT_USAGE
+  if args.precision not in _PRECISIONS:
+    return _error('--precision must be one of %s, got %r.' % (
+        ', '.join(_PRECISIONS), args.precision))
+  if args.audit not in _AUDIT:
+    return _error('--audit must be one of %s, got %r.' % (
+        ', '.join(_AUDIT), args.audit))
+  if not os.path.isfile(args.program):
+    return _error('%s: no such file (give the Python program to run).' %
+                  args.program)
+  exclude = tuple(key for key in args.exclude.split(',') if key)
+  _set_environment(args)
+
+  # pylint: disable=g-import-not-at-top
+  from estimator_bf16 import run_report
+  from estimator_bf16 import runner
+  # pylint: enable=g-import-not-at-top
+  check = args.command == 'check'
+  try:
+    result = runner.run_program(
+        args.program, args.program_args, precision=args.precision,
+        audit=args.audit, exclude=exclude,
+        memory=getattr(args, 'memory', False), check=check,
+        plan_fn=run_report.memory_plans if check else None)
+  except runner.ProgramError as e:
+    return _error(str(e))
+  sys.stdout.flush()
+  if check:
+    print(run_report.format_check_report(result), end='', flush=True)
+    return 0 if run_report.check_passed(result) else EXIT_CHECK_FAILED
+  # After the program's own output, on stderr: the program's stdout stays
+  # what it would be without the runner.
+  print(run_report.format_run_report(result), end='', file=sys.stderr,
+        flush=True)
+  return result.exit_code

@@ -1,0 +1,176 @@
+"""The reports of `python -m estimator_bf16 run` and `check`.
+
+`run` ends with one short report (precision, bfloat16 share of matmul/conv
+FLOPs, audit problems, measured peak step memory). `check` prints the audit
+of the program's TRAIN graph and a memory plan: the batch per TPU v2 / v3
+core in each precision, with Adam and with Adafactor.
+"""
+
+import dataclasses
+
+import numpy as np
+
+import estimator_bf16 as eb
+
+PLAN_OPTIMIZERS = ('adam', 'adafactor')
+MiB = 2.0**20
+
+
+def adam_slot_bytes(variable_shapes):
+  """Adam keeps two float32 slots (m, v) the size of every parameter."""
+  return sum(2 * 4 * int(np.prod(shape)) for _, shape in variable_shapes)
+
+
+def adafactor_slot_bytes(variable_shapes):
+  """`eb.AdafactorOptimizer`'s default slots (beta1=0, factored), float32.
+
+  A variable of rank >= 2 keeps a row accumulator (its shape without the
+  last dimension) and a column one (without the second to last); vectors
+  and scalars keep one accumulator of their own size.
+  """
+  total = 0
+  for _, shape in variable_shapes:
+    if len(shape) >= 2:
+      total += int(np.prod(shape[:-1])) + int(np.prod(shape[:-2] + shape[-1:]))
+    else:
+      total += int(np.prod(shape))
+  return 4 * total
+
+
+_SLOT_BYTES = {'adam': adam_slot_bytes, 'adafactor': adafactor_slot_bytes}
+
+
+def memory_plans(train_graph, precisions=eb.PRECISIONS,
+                 optimizers=PLAN_OPTIMIZERS):
+  """Memory plans of the program's model_fn for each precision and optimizer.
+
+  `eb.memory_plan` builds the model_fn's own training step (its own
+  optimizer included) at two small batches. The optimizer's state is then
+  set to what Adam or Adafactor keeps for the program's trainable
+  variables; the transient part (activations, gradients, the bfloat16
+  copies of the weights) stays the model_fn's own.
+
+  Args:
+    train_graph: a `runner.TrainGraph`.
+    precisions: precisions to plan.
+    optimizers: names from `PLAN_OPTIMIZERS`.
+
+  Returns:
+    {(precision, optimizer): `eb.MemoryPlan`}.
+  """
+  plans = {}
+  for precision in precisions:
+    plan = eb.memory_plan(train_graph.model_fn, features=train_graph.features,
+                          labels=train_graph.labels, precision=precision,
+                          params=train_graph.params)
+    for optimizer in optimizers:
+      plans[(precision, optimizer)] = dataclasses.replace(
+          plan, optimizer=optimizer,
+          slot_bytes=_SLOT_BYTES[optimizer](train_graph.variable_shapes))
+  return plans
+
+
+def _problem_lines(problems):
+  if not problems:
+    return ['audit: no problems']
+  lines = ['audit: %d problem(s)' % len(problems)]
+  lines += ['  - ' + problem for problem in problems]
+  return lines
+
+
+def _flop_line(reports):
+  if not reports:
+    return 'bfloat16 share of matmul/conv FLOPs: no TRAIN graph was built'
+  report = reports[-1]
+  total = sum(report.flops_by_dtype.values())
+  return ('bfloat16 share of matmul/conv FLOPs: %.1f%% of %.3g per step '
+          '(TRAIN graph, forward and backward)' % (
+              100 * report.bfloat16_flop_share, total))
+
+
+def format_run_report(result):
+  """The report `run` prints when the program ends.
+
+  Args:
+    result: a `runner.RunResult`.
+
+  Returns:
+    str, a few lines ending with a newline.
+  """
+  lines = ['', 'estimator_bf16 run: %s' % result.program,
+           'precision: %s' % result.precision]
+  if result.estimators == 0:
+    lines.append('the program built no Estimator or TPUEstimator, so '
+                 'nothing ran in %s.' % result.precision)
+  else:
+    lines.append('estimators built: %d; TRAIN graphs audited: %d' % (
+        result.estimators, len(result.reports)))
+    lines.append(_flop_line(result.reports))
+    lines += _problem_lines(result.problems)
+  if result.local_resolvers:
+    lines.append('TPU resolver: local stand-in (no TPU named or attached)')
+  if result.peak_bytes:
+    lines.append('peak training-step memory (CPU allocator, measured): '
+                 '%.1f MiB' % (result.peak_bytes / MiB))
+  lines.append('exit code: %d' % result.exit_code)
+  return '\n'.join(lines) + '\n'
+
+
+def _plan_table(plans):
+  header = ('%-9s %-10s %10s %10s %12s %9s %9s' % (
+      'precision', 'optimizer', 'params MiB', 'slots MiB', 'MiB/example',
+      'v2 core', 'v3 core'))
+  lines = [header, '-' * len(header)]
+  for (precision, optimizer), plan in sorted(
+      plans.items(), key=lambda item: (eb.PRECISIONS.index(item[0][0]),
+                                       item[0][1])):
+    cores = plan.max_batch_per_core()
+    lines.append('%-9s %-10s %10.2f %10.2f %12.4f %9d %9d' % (
+        precision, optimizer, plan.parameter_bytes / MiB,
+        plan.slot_bytes / MiB, plan.bytes_per_example / MiB, cores['v2'],
+        cores['v3']))
+  return lines
+
+
+def check_passed(result):
+  """True when `check` found a TRAIN graph without audit problems."""
+  return (result.train_graph is not None and result.error is None and
+          not result.problems)
+
+
+def format_check_report(result):
+  """What `check` prints: the audit, then the memory plan.
+
+  Args:
+    result: a `runner.RunResult` from a check-mode run.
+
+  Returns:
+    str, ending with a newline.
+  """
+  lines = ['', 'estimator_bf16 check: %s (TRAIN graph in %s)' % (
+      result.program, result.precision)]
+  if result.train_graph is None:
+    if result.error is not None:
+      lines.append('the program failed before its first train call (exit '
+                   'code %d); its traceback is above.' % result.exit_code)
+    elif result.estimators == 0:
+      lines.append('the program built no Estimator or TPUEstimator: there '
+                   'is no TRAIN graph to check.')
+    else:
+      lines.append('the program never called train: there is no TRAIN '
+                   'graph to check.')
+    return '\n'.join(lines) + '\n'
+  lines.append(_flop_line(result.reports))
+  lines += _problem_lines(result.problems)
+  lines.append('')
+  if result.plans:
+    lines.append('memory plan: largest batch per TPU core (v2: 8 GiB, v3: 16 '
+                 'GiB HBM), for one training step')
+    lines += _plan_table(result.plans)
+    lines.append('Estimates without XLA fusion or padding: leave headroom. '
+                 'A v2-8 / v3-8 board has 8 cores; the global batch is 8x '
+                 'the per-core batch.')
+  else:
+    lines.append('memory plan: not available (%s)' % result.plan_error)
+  lines.append('result: %s' % ('OK' if check_passed(result) else 'FAILED'))
+  return '\n'.join(lines) + '\n'

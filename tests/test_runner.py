@@ -1,0 +1,441 @@
+"""Tests for `python -m estimator_bf16 run|check` (estimator_bf16.runner).
+
+The acceptance program, tests/legacy_tpu_main.py (absl flags, app.run,
+TPUEstimator, --use_tpu, a resolver built from an empty --tpu, train +
+evaluate + predict + export), runs through the real command line in a
+subprocess in both precisions; its graph.pbtxt, checkpoint and results are
+read back. Small programs written by the tests run in-process to pin down
+exit codes, error paths, and that everything patched is put back.
+"""
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+from absl.testing import parameterized
+from google.protobuf import text_format
+import pytest
+import tensorflow as tf
+
+import estimator_bf16 as eb
+from estimator_bf16 import cli
+from estimator_bf16 import run_report
+from estimator_bf16 import runner
+from estimator_bf16 import tpu_resolver
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PROGRAM = os.path.join('tests', 'legacy_tpu_main.py')
+_PLANTED = os.path.join('tests', 'legacy_tpu_main_planted.py')
+# Stated tolerances, bfloat16 vs float32 after the program's 60 steps on its
+# 256 eval examples. Accuracy: measured 0.9805 in every run on TensorFlow
+# 2.15.1 and 2.21.0; 0.03 is 8 examples. One class holds most labels of
+# this synthetic task, so the eval loss is the sharper check: measured
+# 0.106-0.132 over eight runs (both precisions, both TensorFlows; the
+# runs are not bit-reproducible), largest bfloat16/float32 gap 0.021.
+_ACCURACY_TOLERANCE = 0.03
+_LOSS_TOLERANCE = 0.05
+_TMP = {}
+
+
+def setUpModule():
+  _TMP['root'] = tempfile.mkdtemp()
+
+
+def tearDownModule():
+  shutil.rmtree(_TMP.pop('root'), ignore_errors=True)
+
+
+def _cli(*args):
+  """Runs `python -m estimator_bf16 ARGS` from the repository root."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+             PYTHONPATH=os.pathsep.join(
+                 [_REPO] + os.environ.get('PYTHONPATH', '').split(os.pathsep)))
+  return subprocess.run([sys.executable, '-m', 'estimator_bf16', *args],
+                        cwd=_REPO, env=env, capture_output=True, text=True,
+                        timeout=600, check=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _run_legacy_program(precision):
+  """Runs the acceptance program once per precision; returns (proc, dirs)."""
+  model_dir = os.path.join(_TMP['root'], precision)
+  results = os.path.join(_TMP['root'], precision + '.json')
+  proc = _cli('run', '--precision=' + precision, '--memory', _PROGRAM,
+              '--use_tpu=false',
+              '--model_dir=' + model_dir, '--results=' + results)
+  return proc, model_dir, results
+
+
+def _op_dtypes(model_dir, op_types):
+  """{op type: set of T attrs} of the graph the Estimator wrote."""
+  graph_def = tf.compat.v1.GraphDef()
+  with open(os.path.join(model_dir, 'graph.pbtxt')) as f:
+    text_format.Parse(f.read(), graph_def)
+  found = {}
+  for node in graph_def.node:
+    if node.op in op_types:
+      found.setdefault(node.op, set()).add(
+          tf.as_dtype(node.attr['T'].type).name)
+  return found
+
+
+@pytest.mark.slow
+class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
+  """The acceptance program through the real command line."""
+
+  @parameterized.named_parameters(('bfloat16', 'bfloat16'),
+                                  ('float32', 'float32'))
+  def test_runs_unmodified_in_precision(self, precision):
+    proc, model_dir, results = _run_legacy_program(precision)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    # The program's own output is untouched on stdout; the report is on
+    # stderr, after it.
+    self.assertIn('eval accuracy', proc.stdout)
+    self.assertNotIn('estimator_bf16 run', proc.stdout)
+    self.assertIn('precision: %s' % precision, proc.stderr)
+    self.assertIn('no TPU is named and none is attached', proc.stderr)
+    share = '100.0%' if precision == 'bfloat16' else '0.0%'
+    self.assertIn('bfloat16 share of matmul/conv FLOPs: %s' % share,
+                  proc.stderr)
+    self.assertIn('audit: no problems', proc.stderr)
+    self.assertRegex(proc.stderr, r'peak training-step memory \(CPU '
+                     r'allocator, measured\): [0-9.]+ MiB\nexit code: 0\n$')
+    # Convolutions and matmuls (forward and gradients) in the precision.
+    dtypes = _op_dtypes(model_dir, ('Conv2D', 'MatMul',
+                                    'Conv2DBackpropFilter'))
+    self.assertEqual(dtypes, {'Conv2D': {precision}, 'MatMul': {precision},
+                              'Conv2DBackpropFilter': {precision}})
+    # The checkpoint is float32 in both precisions.
+    reader = tf.train.load_checkpoint(model_dir)
+    stored = reader.get_variable_to_dtype_map()
+    self.assertIn('conv/kernel', stored)
+    for name, dtype in stored.items():
+      if name != 'global_step':
+        self.assertEqual(dtype, tf.float32, name)
+    self.assertEqual(reader.get_tensor('global_step'), 60)
+    with open(results) as f:
+      result = json.load(f)
+    self.assertLen(result['classes'], 16)
+    self.assertTrue(os.path.isfile(os.path.join(result['export_dir'],
+                                                'saved_model.pb')))
+
+  def test_eval_matches_float32_within_tolerance(self):
+    metrics = {}
+    for precision in eb.PRECISIONS:
+      proc, _, results = _run_legacy_program(precision)
+      self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+      with open(results) as f:
+        metrics[precision] = json.load(f)
+    self.assertGreater(metrics['float32']['accuracy'], 0.8)
+    self.assertLessEqual(abs(metrics['bfloat16']['accuracy'] -
+                             metrics['float32']['accuracy']),
+                         _ACCURACY_TOLERANCE)
+    self.assertLessEqual(abs(metrics['bfloat16']['loss'] -
+                             metrics['float32']['loss']), _LOSS_TOLERANCE)
+
+  def test_check_prints_audit_and_plan_without_training(self):
+    model_dir = os.path.join(_TMP['root'], 'check')
+    proc = _cli('check', _PROGRAM, '--use_tpu=false',
+                '--model_dir=' + model_dir)
+    self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr[-3000:])
+    self.assertIn('audit: no problems', proc.stdout)
+    self.assertIn('result: OK', proc.stdout)
+    for precision in eb.PRECISIONS:
+      for optimizer in ('adam', 'adafactor'):
+        self.assertRegex(proc.stdout, r'\n%s +%s +[0-9.]+ +[0-9.]+ +[0-9.]+ '
+                         r'+[1-9]\d* +[1-9]\d*\n' % (precision, optimizer))
+    # Stopped before the first step: nothing was written.
+    self.assertFalse(os.path.exists(model_dir))
+
+  def test_check_fails_on_planted_bfloat16_variable(self):
+    proc = _cli('check', _PLANTED, '--use_tpu=false',
+                '--model_dir=' + os.path.join(_TMP['root'], 'planted'))
+    self.assertEqual(proc.returncode, cli.EXIT_CHECK_FAILED, proc.stdout)
+    self.assertIn("variable 'planted/bf16_scale' is stored as bfloat16",
+                  proc.stdout)
+    self.assertIn('result: FAILED', proc.stdout)
+
+
+# In-process runs of small programs ------------------------------------------
+
+_ESTIMATOR_PROGRAM = '''
+import json, sys
+import numpy as np
+import tensorflow as tf
+from tensorflow.compat.v1 import estimator as tf_estimator
+
+seen = []
+
+def input_fn(params):
+  seen.append(('input_fn', sorted(params)))
+  x = np.ones([8, 3], np.float32)
+  return tf.data.Dataset.from_tensor_slices(({'x': x}, np.zeros([8], np.int32))
+                                            ).repeat().batch(4)
+
+def model_fn(features, labels, mode, params):
+  seen.append((mode, features['x'].dtype.name, params.get('precision')))
+  w = tf.compat.v1.get_variable('w', [3, 2], dtype=features['x'].dtype)
+  logits = tf.matmul(features['x'], w)
+  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+  train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+      loss, tf.compat.v1.train.get_global_step())
+  return tf_estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+estimator = tf_estimator.Estimator(model_fn, model_dir=sys.argv[1],
+                                   params={'lr': 0.1})
+estimator.train(input_fn, max_steps=1)
+estimator.evaluate(input_fn, steps=1)
+with open(sys.argv[2], 'w') as f:
+  json.dump(seen, f)
+'''
+
+
+class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
+  """run_program in this process, on programs the tests write."""
+
+  def _program(self, source, name='program.py'):
+    folder = self.create_tempdir().full_path
+    path = os.path.join(folder, name)
+    with open(path, 'w') as f:
+      f.write(textwrap.dedent(source))
+    return path
+
+  def _patched_state(self):
+    """What the runner patches, to compare before and after a run."""
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver
+    state = {'resolver_new': vars(resolver).get('__new__'),
+             'argv': list(sys.argv), 'path': list(sys.path),
+             'compat_installed': eb.compat.installed()}
+    # pylint: disable=protected-access
+    for base, tpu in runner._estimator_classes():
+      for owner in (base, tpu):
+        for name in ('__init__', 'train', 'evaluate', 'predict'):
+          state[(owner, name)] = vars(owner).get(name)
+    return state
+
+  @parameterized.named_parameters(('bfloat16', 'bfloat16'),
+                                  ('float32', 'float32'))
+  def test_wraps_model_fn_and_input_fn_of_an_estimator(self, precision):
+    program = self._program(_ESTIMATOR_PROGRAM)
+    seen_file = os.path.join(self.get_temp_dir(), 'seen_%s.json' % precision)
+    result = runner.run_program(
+        program, [os.path.join(self.get_temp_dir(), precision), seen_file],
+        precision=precision)
+    self.assertEqual(result.exit_code, 0, result.error)
+    self.assertEqual(result.estimators, 1)
+    with open(seen_file) as f:
+      seen = [tuple(item) for item in json.load(f)]
+    modes = [item for item in seen if item[0] != 'input_fn']
+    if precision == 'bfloat16':
+      self.assertEqual(modes, [('train', 'bfloat16', 'bfloat16'),
+                               ('eval', 'bfloat16', 'bfloat16')])
+      self.assertIn(('input_fn', ['lr', 'precision']), seen)
+    else:  # Untouched: float32 features, no 'precision' param.
+      self.assertEqual(modes, [('train', 'float32', None),
+                               ('eval', 'float32', None)])
+      self.assertNotIn(('input_fn', ['lr', 'precision']), seen)
+    self.assertLen(result.reports, 1)
+    self.assertEqual(result.reports[0].bfloat16_flop_share,
+                     1.0 if precision == 'bfloat16' else 0.0)
+
+  @parameterized.named_parameters(('strict', 'strict', 1),
+                                  ('warn', 'warn', 0))
+  def test_audit_mode_decides_whether_a_mistake_stops_the_program(
+      self, audit, exit_code):
+    planted = _ESTIMATOR_PROGRAM.replace(
+        "  logits = tf.matmul(features['x'], w)",
+        "  tf.Variable(1.0, dtype=tf.bfloat16, trainable=False, name='half')\n"
+        "  logits = tf.matmul(features['x'], w)")
+    program = self._program(planted)
+    result = runner.run_program(
+        program, [os.path.join(self.get_temp_dir(), audit),
+                  os.path.join(self.get_temp_dir(), audit + '.json')],
+        audit=audit)
+    self.assertEqual(result.exit_code, exit_code, result.error)
+    self.assertLen(result.problems, 1)
+    self.assertIn("variable 'half' is stored as bfloat16", result.problems[0])
+    if audit == 'strict':
+      self.assertIn('PrecisionError', result.error)
+    self.assertIn("variable 'half'", run_report.format_run_report(result))
+
+  def test_train_and_evaluate_input_fns_are_wrapped(self):
+    if eb.BACKEND == 'compat':
+      self.skipTest('the compat backend has no train_and_evaluate')
+    program = self._program(_ESTIMATOR_PROGRAM.replace(
+        """estimator.train(input_fn, max_steps=1)
+estimator.evaluate(input_fn, steps=1)""",
+        """tf.estimator.train_and_evaluate(
+    estimator, tf.estimator.TrainSpec(input_fn, max_steps=2),
+    tf.estimator.EvalSpec(input_fn, steps=1, throttle_secs=0))"""))
+    seen_file = os.path.join(self.get_temp_dir(), 'seen_tae.json')
+    result = runner.run_program(
+        program, [os.path.join(self.get_temp_dir(), 'tae'), seen_file])
+    self.assertEqual(result.exit_code, 0, result.error)
+    with open(seen_file) as f:
+      modes = [tuple(item) for item in json.load(f) if item[0] != 'input_fn']
+    self.assertEqual(modes, [('train', 'bfloat16', 'bfloat16'),
+                             ('eval', 'bfloat16', 'bfloat16')])
+
+  def test_everything_patched_is_restored(self):
+    before = self._patched_state()
+    for source, code in (('import sys; sys.exit(3)', 3),
+                         ('raise RuntimeError("boom")', 1),
+                         ('print("fine")', 0)):
+      result = runner.run_program(self._program(source), ['--flag'])
+      self.assertEqual(result.exit_code, code)
+      self.assertEqual(self._patched_state(), before)
+
+  def test_argv_path_and_sibling_imports_as_python_sets_them(self):
+    program = self._program('''
+        import json, sys
+        import helper  # a module next to the program
+        with open(sys.argv[2], 'w') as f:
+          json.dump({'argv': sys.argv, 'path0': sys.path[0],
+                     'helper': helper.VALUE, 'name': __name__}, f)
+        ''')
+    with open(os.path.join(os.path.dirname(program), 'helper.py'), 'w') as f:
+      f.write('VALUE = 42\n')
+    out = os.path.join(self.get_temp_dir(), 'argv.json')
+    for _ in range(2):  # A second run imports the sibling afresh.
+      result = runner.run_program(program, ['--precision=float16', out])
+      self.assertEqual(result.exit_code, 0, result.error)
+    with open(out) as f:
+      seen = json.load(f)
+    self.assertEqual(seen, {
+        'argv': [program, '--precision=float16', out],
+        'path0': os.path.dirname(os.path.realpath(program)),
+        'helper': 42, 'name': '__main__'})
+    self.assertNotIn('helper', sys.modules)
+
+  def test_program_exception_keeps_traceback_and_status(self):
+    program = self._program('''
+        def main():
+          raise RuntimeError('the program failed')
+        main()
+        ''')
+    result = runner.run_program(program)
+    self.assertEqual(result.exit_code, 1)
+    self.assertIn('RuntimeError: the program failed', result.error)
+    self.assertIn('File "%s", line 4' % program, result.error)
+    # Only the program's frames, as Python prints them.
+    self.assertNotIn('runpy', result.error)
+    self.assertIn('the program built no Estimator',
+                  run_report.format_run_report(result))
+
+  def test_sys_exit_with_message(self):
+    result = runner.run_program(self._program('import sys; sys.exit("bad")'))
+    self.assertEqual(result.exit_code, 1)
+
+  @parameterized.named_parameters(
+      ('missing', 'missing.py', 'no such file'),
+      ('directory', '.', 'is not a file'))
+  def test_unrunnable_program_raises_before_anything_runs(self, path, message):
+    folder = self.create_tempdir().full_path
+    with self.assertRaisesRegex(runner.ProgramError, message):
+      runner.run_program(os.path.join(folder, path))
+
+  def test_unknown_precision_lists_choices(self):
+    with self.assertRaisesRegex(runner.ProgramError, 'float32.*bfloat16'):
+      runner.run_program(self._program('pass'), precision='float16')
+    with self.assertRaisesRegex(runner.ProgramError, 'strict, warn, off'):
+      runner.run_program(self._program('pass'), audit='loud')
+
+  def test_empty_tpu_name_gets_the_stand_in_only_without_a_tpu(self):
+    program = self._program('''
+        import sys
+        import tensorflow as tf
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+            sys.argv[1] or None)
+        config = tf.compat.v1.estimator.tpu.RunConfig(cluster=resolver)
+        sys.exit(0 if resolver.master() == sys.argv[2] else 5)
+        ''')
+    result = runner.run_program(program, ['', ''])
+    self.assertEqual(result.exit_code, 0, result.error)
+    self.assertEqual(result.local_resolvers, 1)
+    # A named TPU (here an address, which needs no network) is never
+    # substituted.
+    address = 'grpc://10.0.0.2:8470'
+    result = runner.run_program(program, [address, address])
+    self.assertEqual(result.exit_code, 0, result.error)
+    self.assertEqual(result.local_resolvers, 0)
+
+  def test_no_stand_in_on_a_host_with_a_tpu(self):
+    self.assertFalse(tpu_resolver.tpu_present())
+    # TensorFlow reads an empty name from $TPU_NAME; an address needs no
+    # network to resolve.
+    address = 'grpc://10.0.0.3:8470'
+    with tf.compat.v1.test.mock.patch.dict(os.environ, {'TPU_NAME': address}):
+      self.assertTrue(tpu_resolver.tpu_present())
+      with tpu_resolver.substitute_empty_name():
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver('')
+      self.assertIsInstance(resolver,
+                            tf.distribute.cluster_resolver.TPUClusterResolver)
+      self.assertEqual(resolver.master(), address)
+
+  def test_use_tpu_with_the_stand_in_names_the_fix(self):
+    program = self._program('''
+        import tensorflow as tf
+        from tensorflow.compat.v1 import estimator as tf_estimator
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver('')
+        tf_estimator.tpu.TPUEstimator(
+            model_fn=lambda features, labels, mode, params: None,
+            use_tpu=True, train_batch_size=8,
+            config=tf_estimator.tpu.RunConfig(cluster=resolver))
+        ''')
+    result = runner.run_program(program)
+    self.assertEqual(result.exit_code, 1)
+    self.assertIn('the program named no TPU', result.error)
+
+  def test_check_without_train_call_fails(self):
+    program = self._program('print("no training here")')
+    result = runner.run_program(program, check=True)
+    self.assertEqual(result.exit_code, 0)
+    self.assertFalse(run_report.check_passed(result))
+    self.assertIn('built no Estimator', run_report.format_check_report(result))
+
+
+class CommandLineTest(tf.test.TestCase, parameterized.TestCase):
+  """Argument handling of `estimator_bf16 run|check` (no program runs)."""
+
+  @parameterized.named_parameters(
+      ('precision', ['run', '--precision=float16', 'x.py'],
+       '--precision must be one of bfloat16, float32'),
+      ('audit', ['check', '--audit=loud', 'x.py'], '--audit must be one of'),
+      ('missing', ['run', 'no_such_program.py'], 'no_such_program.py: no such'),
+      ('command', ['train', 'x.py'], 'invalid choice'))
+  def test_bad_command_line_exits_2(self, argv, message):
+    with tf.compat.v1.test.mock.patch.object(sys, 'stderr') as stderr:
+      code = cli.main(argv)
+    written = ''.join(call.args[0] for call in stderr.write.call_args_list)
+    self.assertEqual(code, cli.EXIT_USAGE)
+    self.assertIn(message, written)
+
+  def test_program_arguments_pass_through_verbatim(self):
+    args = cli.build_parser().parse_args(
+        ['run', '--precision=float32', 'prog.py', '--precision=bfloat16',
+         '--memory', 'x'])
+    self.assertEqual(args.precision, 'float32')
+    self.assertFalse(args.memory)
+    self.assertEqual(args.program, 'prog.py')
+    self.assertEqual(args.program_args, ['--precision=bfloat16', '--memory',
+                                         'x'])
+
+
+class PlanTest(tf.test.TestCase):
+
+  def test_slot_bytes_per_optimizer(self):
+    shapes = [('kernel', [3, 3, 8, 16]), ('bias', [16]), ('dense', [64, 10])]
+    params = 3 * 3 * 8 * 16 + 16 + 64 * 10
+    self.assertEqual(run_report.adam_slot_bytes(shapes), 2 * 4 * params)
+    # Rows (shape without the last dim) + columns (without the second last).
+    factored = (3 * 3 * 8 + 3 * 3 * 16) + 16 + (64 + 10)
+    self.assertEqual(run_report.adafactor_slot_bytes(shapes), 4 * factored)
+
+
+if __name__ == '__main__':
+  tf.test.main()
