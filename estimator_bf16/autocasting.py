@@ -232,10 +232,7 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
       _wants_bfloat16(op_def, keywords)):
     _cast_float32_inputs(op_def, keywords)
     if op_type == 'SparseMatMul':
-      op_type, keywords = 'MatMul', {
-          'a': keywords['a'], 'b': keywords['b'],
-          'transpose_a': keywords.get('transpose_a', False),
-          'transpose_b': keywords.get('transpose_b', False)}
+      op_type, keywords = 'MatMul', _matmul_keywords(keywords)
   elif mode == 'bfloat16' and op_type in op_lists.FOLLOW_BFLOAT16_OPS:
     source = _bfloat16_source(keywords.get('x'))
     if source is not None:
@@ -436,6 +433,19 @@ def _wants_bfloat16(op_def, keywords):
       if not in_gradient and _reads_trainable_variable(value):
         return True
   return False
+
+
+def _matmul_keywords(sparse_keywords):
+  """MatMul's arguments for what was asked of SparseMatMul."""
+  keywords = {'a': sparse_keywords['a'], 'b': sparse_keywords['b'],
+              'transpose_a': sparse_keywords.get('transpose_a', False),
+              'transpose_b': sparse_keywords.get('transpose_b', False)}
+  # Newer TensorFlow gives MatMul more boolean attrs (grad_a, grad_b) that
+  # its Python wrapper always passes; pass their neutral value too.
+  for attr in op_def_registry.get('MatMul').attr:
+    if attr.type == 'bool' and attr.name not in keywords:
+      keywords[attr.name] = False
+  return keywords
 
 
 def _trainable_variable_ops(graph):
