@@ -36,6 +36,7 @@ import threading
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.framework import tensor_conversion_registry
@@ -515,6 +516,31 @@ def _remember_rounding(op_type, name, keywords):
   return result
 
 
+_SOFTMAX_GRADIENT = 'EstimatorBf16RoundedSoftmax'
+
+
+@tf.RegisterGradient(_SOFTMAX_GRADIENT)
+def _rounded_softmax_gradient(op, grad):
+  """Softmax's gradient computed from the bfloat16 rounding of its output.
+
+  TensorFlow's own gradient reads the float32 output, which would keep a
+  float32 copy of every attention-probability tensor alive until the
+  backward pass, next to the bfloat16 one the attention matmul keeps. Read
+  through the rounding, the float32 output is freed as soon as it is cast:
+  attention costs 2 bytes an element, as in a bfloat16 network, while the
+  forward values are still those of a float32 softmax.
+  """
+  probabilities = op.outputs[0]
+  for consumer in probabilities.consumers():
+    if (consumer.type == 'Cast' and
+        consumer.outputs[0].dtype.base_dtype in casting.HALF_DTYPES):
+      probabilities = tf.cast(consumer.outputs[0], tf.float32)
+      break
+  grad = tf.cast(grad, tf.float32)
+  inner = tf.reduce_sum(grad * probabilities, axis=-1, keepdims=True)
+  return (grad - inner) * probabilities
+
+
 def _float32_keep_dtype(op_def, op_type, name, keywords):
   dtypes = [_dtype(_get(keywords, slot))
             for slots in _slots(op_def, keywords).values() for slot in slots]
@@ -524,6 +550,11 @@ def _float32_keep_dtype(op_def, op_type, name, keywords):
   _cast_half_inputs(op_def, keywords, tf.float32)
   structure, stateful, op, outputs = _ORIGINAL_APPLY_OP(
       op_type, name=name, **keywords)
+  if op_type == 'Softmax':
+    # Set on the op itself (not the graph's override map), so no other
+    # thread's softmax is affected.
+    op._set_attr('_gradient_op_type', attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+        s=_SOFTMAX_GRADIENT.encode()))
   rounded = []
   for output in outputs:
     if output.dtype == tf.float32:

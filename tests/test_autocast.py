@@ -203,6 +203,31 @@ class ExactFloat32OutputsTest(tf.test.TestCase):
     self.assertGreater(np.abs(rounded - reference).max(), 1e-4)
 
 
+class SoftmaxGradientTest(tf.test.TestCase):
+
+  def test_backward_reads_the_bfloat16_probabilities_only(self):
+    rng = np.random.RandomState(0)
+    with tf.Graph().as_default() as graph:
+      scores32 = tf.constant(rng.randn(4, 6, 6), tf.float32)
+      values32 = tf.constant(rng.randn(4, 6, 3), tf.float32)
+      scores = tf.cast(scores32, BF16)
+      with eb.autocast('bfloat16'):
+        probabilities = tf.nn.softmax(scores)
+        out = tf.matmul(probabilities, tf.cast(values32, BF16))
+        grad = tf.gradients(tf.reduce_sum(out * out), scores)[0]
+      self.assertEqual(probabilities.dtype, BF16)
+      softmax = _ops(graph, 'Softmax')[0]
+      # The float32 result feeds only its rounding: nothing in the backward
+      # pass keeps a float32 copy of the probabilities alive.
+      self.assertEqual([op.type for op in softmax.outputs[0].consumers()],
+                       ['Cast'])
+      reference = tf.gradients(tf.reduce_sum(tf.square(tf.matmul(
+          tf.nn.softmax(tf.cast(scores, tf.float32)), values32))), scores32)[0]
+      with self.cached_session() as sess:
+        got, want = sess.run([tf.cast(grad, tf.float32), reference])
+    self.assertAllClose(got, want, atol=0.05 * np.abs(want).max())
+
+
 class SecondThreadTest(tf.test.TestCase):
 
   def test_other_thread_building_meanwhile_is_untouched(self):
