@@ -39,6 +39,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import op_def_registry
+from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.framework import tensor_conversion_registry
 
 from estimator_bf16 import casting
@@ -223,7 +224,11 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     return _float32_keep_dtype(op_def, op_type, name, keywords)
   if op_type in op_lists.FLOAT32_OPS:
     _cast_half_inputs(op_def, keywords, tf.float32)
-    return _ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+    result = _ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+    op = result[2]
+    if any(_bfloat16_source(t) is not None for t in op.inputs):
+      _set_gradient(op, _FROM_BFLOAT16_GRADIENT)
+    return result
   if op_type == 'Cast':
     return _remember_rounding(op_type, name, keywords)
   # A bfloat16 tensor fed to an argument whose type is fixed to float32 (e.g.
@@ -517,6 +522,44 @@ def _remember_rounding(op_type, name, keywords):
 
 
 _SOFTMAX_GRADIENT = 'EstimatorBf16RoundedSoftmax'
+_FROM_BFLOAT16_GRADIENT = 'EstimatorBf16FromBfloat16Inputs'
+
+
+def _set_gradient(op, gradient_name):
+  # Set on the op itself rather than through the graph's gradient override
+  # map, so that no op another thread creates meanwhile is affected.
+  op._set_attr('_gradient_op_type', attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+      s=gradient_name.encode()))
+
+
+class _WithInputs(object):
+  """An op seen by a gradient function with other (equal-valued) inputs."""
+
+  def __init__(self, op, inputs):
+    self._op = op
+    self.inputs = inputs
+
+  def __getattr__(self, name):
+    return getattr(self._op, name)
+
+
+@tf.RegisterGradient(_FROM_BFLOAT16_GRADIENT)
+def _gradient_from_bfloat16_inputs(op, *grads):
+  """The op's own gradient, reading float32 inputs anew from bfloat16.
+
+  A float32-list op fed with a float32 copy of a bfloat16 tensor (layer norm
+  statistics: `SquaredDifference(x, mean)`) has a gradient that reads that
+  copy, which would keep 4 bytes an element alive until the backward pass.
+  The copy is made again from the bfloat16 tensor when the gradient runs
+  (after the incoming gradient, hence late); the values are identical, since
+  bfloat16 -> float32 is exact.
+  """
+  ready = [g for g in grads if isinstance(g, tf.Tensor)]
+  with tf.control_dependencies(ready):
+    inputs = [tf.cast(_bfloat16_source(t), tf.float32)
+              if _bfloat16_source(t) is not None else t for t in op.inputs]
+  gradient_fn = tf_ops.gradient_registry.lookup(op.type)
+  return gradient_fn(_WithInputs(op, inputs), *grads)
 
 
 @tf.RegisterGradient(_SOFTMAX_GRADIENT)
@@ -551,10 +594,7 @@ def _float32_keep_dtype(op_def, op_type, name, keywords):
   structure, stateful, op, outputs = _ORIGINAL_APPLY_OP(
       op_type, name=name, **keywords)
   if op_type == 'Softmax':
-    # Set on the op itself (not the graph's override map), so no other
-    # thread's softmax is affected.
-    op._set_attr('_gradient_op_type', attr_value_pb2.AttrValue(  # pylint: disable=protected-access
-        s=_SOFTMAX_GRADIENT.encode()))
+    _set_gradient(op, _SOFTMAX_GRADIENT)
   rounded = []
   for output in outputs:
     if output.dtype == tf.float32:

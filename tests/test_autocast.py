@@ -203,9 +203,36 @@ class ExactFloat32OutputsTest(tf.test.TestCase):
     self.assertGreater(np.abs(rounded - reference).max(), 1e-4)
 
 
-class SoftmaxGradientTest(tf.test.TestCase):
+class BackwardMemoryTest(tf.test.TestCase):
+  """The backward pass keeps bfloat16 tensors, not float32 copies of them."""
 
-  def test_backward_reads_the_bfloat16_probabilities_only(self):
+  def test_statistics_gradient_reads_the_bfloat16_input(self):
+    rng = np.random.RandomState(0)
+    with tf.Graph().as_default() as graph:
+      x = tf.cast(tf.constant(rng.randn(4, 8), tf.float32), BF16)
+      with eb.autocast('bfloat16'):
+        mean, variance = tf.nn.moments(x, [-1], keepdims=True)
+        normalized = (x - mean) * tf.math.rsqrt(variance + 1e-6)
+        grad = tf.gradients(tf.reduce_sum(normalized * normalized * x), x)[0]
+      squared = _ops(graph, 'SquaredDifference')[0]
+      copy = squared.inputs[0]
+      self.assertEqual(copy.op.type, 'Cast')
+      # Only forward ops read the float32 copy.
+      self.assertEmpty([op.name for op in copy.consumers()
+                        if op.name.startswith('gradients')])
+      # Same values as TensorFlow's own gradient on the same float32 math.
+      x32 = tf.cast(x, tf.float32)
+      mean32, variance32 = tf.nn.moments(x32, [-1], keepdims=True)
+      normalized32 = ((x32 - mean32) *
+                      tf.math.rsqrt(variance32 + 1e-6))
+      reference = tf.gradients(
+          tf.reduce_sum(normalized32 * normalized32 * x32), x32)[0]
+      with self.cached_session() as sess:
+        got, want = sess.run([tf.cast(grad, tf.float32), reference])
+    self.assertAllClose(got, want, atol=0.05 * np.abs(want).max())
+
+
+  def test_softmax_backward_reads_the_bfloat16_probabilities(self):
     rng = np.random.RandomState(0)
     with tf.Graph().as_default() as graph:
       scores32 = tf.constant(rng.randn(4, 6, 6), tf.float32)
