@@ -368,14 +368,12 @@ def _cast_fixed_type_args(op_def, keywords):
 
 def _unify_mixed_inputs(op_def, keywords):
   """Gives each type group that mixes float32 and bfloat16 one dtype."""
-  ref_attrs = {arg.type_attr: tf.as_dtype(arg.type) for arg in op_def.input_arg
-               if arg.is_ref and arg.type_attr}
-  for attr, slots in _slots(op_def, keywords).items():
+  for slots in _slots(op_def, keywords).values():
     values = [(slot, _get(keywords, slot)) for slot in slots]
     dtypes = {_dtype(v) for _, v in values} - {None}
     if tf.bfloat16 not in dtypes or not dtypes <= _FLOATS:
       continue
-    if attr in ref_attrs:
+    if any(arg.is_ref for arg, _ in slots):
       target = _ref_dtype(keywords, slots)
     elif tf.float32 in dtypes:
       target = _mixed_target(values)
@@ -403,15 +401,18 @@ def _ref_dtype(keywords, slots):
 
 
 def _mixed_target(values):
-  """bfloat16, unless every bfloat16 input only rounds a float32 result.
+  """bfloat16, unless no bfloat16 input is a real bfloat16 activation.
 
-  Example: BERT's loss multiplies float32 one-hot labels by log-softmax
-  output, which autocast computed in float32 and rounded to bfloat16; the
-  product is then computed from the float32 original, so the loss carries
-  no bfloat16 rounding.
+  Roundings of float32 values (softmax outputs, weight reads) and constants
+  are not: BERT's loss multiplies float32 one-hot labels by log-softmax
+  output, and tf-slim's weight decay multiplies a float32 `L2Loss` by a
+  bfloat16 constant; both products are computed in float32 (from the
+  float32 originals), so the loss carries no bfloat16 rounding.
   """
   for _, value in values:
-    if _dtype(value) == tf.bfloat16 and casting.float32_original(value) is None:
+    if (_dtype(value) == tf.bfloat16 and
+        casting.float32_original(value) is None and
+        not (isinstance(value, tf.Tensor) and value.op.type == 'Const')):
       return tf.bfloat16
   return tf.float32
 

@@ -42,6 +42,34 @@ def float32_original(tensor):
   return table.get(tensor.ref()) if table else None
 
 
+# Ops that only rearrange values: the float32 original of their output is
+# the same op applied to the float32 original of their input.
+_REARRANGING = {
+    'Reshape': lambda op, x: tf.reshape(x, op.inputs[1]),
+    'ExpandDims': lambda op, x: tf.expand_dims(x, op.inputs[1]),
+    'Squeeze': lambda op, x: tf.squeeze(x, op.get_attr('squeeze_dims')),
+    'Identity': lambda op, x: tf.identity(x),
+    'Transpose': lambda op, x: tf.transpose(x, op.inputs[1]),
+}
+
+
+def _exact_float32(tensor, depth=4):
+  """`float32_original`, also through reshapes of a rounding, or None.
+
+  tf-slim's softmax reshapes around the op, and model code squeezes or
+  reshapes probabilities before returning them: their float32 values are
+  rebuilt by the same reshapes of the float32 softmax.
+  """
+  original = float32_original(tensor)
+  if original is not None or depth == 0 or not isinstance(tensor, tf.Tensor):
+    return original
+  rebuild = _REARRANGING.get(tensor.op.type)
+  if rebuild is None:
+    return None
+  inner = _exact_float32(tensor.op.inputs[0], depth - 1)
+  return None if inner is None else rebuild(tensor.op, inner)
+
+
 def _cast_leaf(value, dtype, sources):
   """Casts one tensor-like leaf to `dtype` if its dtype is in `sources`."""
   if isinstance(value, tf.SparseTensor):
@@ -55,7 +83,7 @@ def _cast_leaf(value, dtype, sources):
     return value
   if isinstance(value, (tf.Tensor, tf.Variable)):
     if value.dtype.base_dtype in sources and value.dtype.base_dtype != dtype:
-      original = float32_original(value) if dtype == tf.float32 else None
+      original = _exact_float32(value) if dtype == tf.float32 else None
       return original if original is not None else tf.cast(value, dtype)
     return value
   # Python numbers, numpy arrays and other objects are left alone: they are

@@ -17,6 +17,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
+from estimator_bf16 import casting
 from estimator_bf16 import precision as precision_lib
 
 
@@ -56,7 +57,11 @@ def _float32_storage_getter(getter, name, *args, **kwargs):
   # The cast is a Tensor, not a Variable: code that assigns to what the getter
   # returns (batch-norm moving averages) must request float32, as
   # tf.compat.v1.layers.batch_normalization does.
-  return tf.cast(variable, tf.bfloat16)
+  read = tf.cast(variable, tf.bfloat16)
+  # Float32 math on the weight (an L2 penalty, a norm) uses the float32
+  # value it rounds, not the rounding.
+  casting.remember_float32_original(read, read.op.inputs[0])
+  return read
 
 
 @contextlib.contextmanager

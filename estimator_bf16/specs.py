@@ -52,7 +52,13 @@ def float32_spec(spec):
                     ' got %r.' % type(spec).__name__)
   changes = {}
   loss = spec.loss
-  if loss is not None and loss.dtype.base_dtype != tf.float32:
+  original = casting.float32_original(loss)
+  if original is not None:
+    # Computed in float32 and rounded by TensorFlow's own loss code
+    # (tf.compat.v1.losses casts back to the logits' dtype): the float32
+    # value is the loss.
+    changes['loss'] = original
+  elif loss is not None and loss.dtype.base_dtype != tf.float32:
     logging.warning(
         'The loss of the wrapped model_fn is %s; it is cast to float32 for '
         'the training loop, but it was reduced in %s. Compute it with '

@@ -19,6 +19,11 @@ def _ops(graph, *types):
   return [op for op in graph.get_operations() if op.type in types]
 
 
+def _activation(values):
+  """A bfloat16 tensor computed in the graph (not a constant)."""
+  return tf.identity(tf.constant(values, BF16))
+
+
 def _t_dtypes(graph, *types):
   return [tf.as_dtype(op.get_attr('T')) for op in _ops(graph, *types)]
 
@@ -35,7 +40,7 @@ class MixedArithmeticTest(tf.test.TestCase, parameterized.TestCase):
       ('where', lambda a, b: tf.where(a > 0, a, b), 'SelectV2'))
   def test_float32_meets_bfloat16_in_bfloat16(self, fn, op_type):
     with tf.Graph().as_default() as graph:
-      a = tf.constant([[1.5, -2.0]], BF16)
+      a = _activation([[1.5, -2.0]])
       b = tf.constant([[0.25, 4.0]], tf.float32)
       with eb.autocast('bfloat16'):
         out = fn(a, b)
@@ -97,7 +102,7 @@ class MixedArithmeticTest(tf.test.TestCase, parameterized.TestCase):
   def test_same_tensor_cast_once(self):
     with tf.Graph().as_default() as graph:
       adder = tf.constant([[0.0, -10000.0]])
-      x = tf.constant([[1.0, 2.0]], BF16)
+      x = _activation([[1.0, 2.0]])
       before = len(_ops(graph, 'Cast'))
       with eb.autocast('bfloat16'):
         for _ in range(4):
@@ -287,6 +292,90 @@ class SecondThreadTest(tf.test.TestCase):
       done.set()
       thread.join(30)
     self.assertEqual(seen['autocast'], [BF16])
+
+
+class LegacyCodePathsTest(tf.test.TestCase, parameterized.TestCase):
+  """Code paths found in public TF1 programs."""
+
+  def test_reference_variables(self):
+    # What programs get after tf.compat.v1.disable_v2_behavior(): VariableV2
+    # with ref-typed Assign inputs.
+    with tf.Graph().as_default() as graph:
+      with eb.autocast('bfloat16'):
+        w = tf.compat.v1.get_variable('w', [3, 2], use_resource=False)
+        x = tf.ones([4, 3], BF16)
+        out = tf.matmul(x, w)
+        update = tf.compat.v1.assign_add(w, tf.ones([3, 2], BF16))
+      self.assertEqual(out.dtype, BF16)
+      self.assertEqual(_t_dtypes(graph, 'AssignAdd'), [tf.float32])
+      with self.cached_session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        before = sess.run(w)
+        sess.run(update)
+        self.assertAllClose(sess.run(w), before + 1)
+
+  @parameterized.named_parameters(
+      ('dense', lambda labels, logits: tf.compat.v1.losses.softmax_cross_entropy(
+          tf.one_hot(labels, 3), logits)),
+      ('dense_nn', lambda labels, logits: tf.reduce_mean(
+          tf.nn.softmax_cross_entropy_with_logits(
+              labels=tf.one_hot(labels, 3), logits=logits))),
+      ('sparse', tf.compat.v1.losses.sparse_softmax_cross_entropy))
+  def test_tensorflow_losses_pass_the_strict_audit_in_float32(self, loss_fn):
+    def model_fn(features, labels, mode):
+      logits = tf.compat.v1.layers.dense(features, 3, name='logits')
+      loss = loss_fn(labels, logits)
+      train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+          loss, tf.compat.v1.train.get_or_create_global_step())
+      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+          mode, loss=loss, train_op=train_op)
+
+    with tf.Graph().as_default():
+      spec = eb.wrap_model_fn(model_fn, 'bfloat16')(
+          tf.ones([4, 5]), tf.constant([0, 1, 2, 0]), 'train')
+      self.assertEqual(spec.loss.dtype, tf.float32)
+      self.assertNotEqual(spec.loss.op.type, 'Cast')
+
+  def test_slim_weight_decay_total_loss_is_float32(self):
+    import tf_slim as slim  # pylint: disable=g-import-not-at-top
+
+    def model_fn(features, labels, mode):
+      with slim.arg_scope([slim.fully_connected],
+                          weights_regularizer=slim.l2_regularizer(1e-4)):
+        net = slim.fully_connected(features, 8, scope='fc')
+        logits = slim.fully_connected(net, 3, activation_fn=None,
+                                      scope='logits')
+      tf.compat.v1.losses.softmax_cross_entropy(tf.one_hot(labels, 3), logits)
+      loss = tf.compat.v1.losses.get_total_loss()
+      train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+          loss, tf.compat.v1.train.get_or_create_global_step())
+      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+          mode, loss=loss, train_op=train_op)
+
+    with tf.Graph().as_default():
+      spec = eb.wrap_model_fn(model_fn, 'bfloat16')(
+          tf.ones([4, 5]), tf.constant([0, 1, 2, 0]), 'train')
+      self.assertEqual(spec.loss.dtype, tf.float32)
+      penalties = tf.compat.v1.losses.get_regularization_losses()
+      self.assertEqual({p.dtype for p in penalties}, {tf.float32})
+
+  def test_reshaped_probabilities_keep_float32_values(self):
+    def model_fn(features, mode):
+      import tf_slim as slim  # pylint: disable=g-import-not-at-top
+      logits = tf.compat.v1.layers.dense(features, 6, name='logits')
+      probabilities = slim.softmax(tf.reshape(logits, [-1, 1, 6]))
+      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+          mode, predictions={'probabilities': tf.squeeze(probabilities, 1),
+                             'logits': logits})
+
+    with tf.Graph().as_default():
+      x = tf.constant(np.random.RandomState(0).randn(32, 5) * 3, tf.float32)
+      spec = eb.wrap_model_fn(model_fn, 'bfloat16')(x, mode='infer')
+      with self.cached_session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        out = sess.run(spec.predictions)
+    self.assertAllClose(out['probabilities'].sum(axis=1), np.ones(32),
+                        atol=1e-5)
 
 
 def _network_with(hidden_in_float32):
