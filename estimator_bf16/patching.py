@@ -1,8 +1,13 @@
 """Temporary attribute swaps shared by nested users, undone by the last one.
 
-The float32 list and the numeric guard both replace functions while a
-model_fn runs and must put the originals back when it returns or raises,
-even if wrapped model_fns nest.
+Autocast and the numeric guard both replace functions while a model_fn runs
+and must put the originals back when it returns or raises, even if wrapped
+model_fns nest or several threads build model_fns at once.
+
+A swap is process-wide: every thread sees the replacement while any user is
+active. Whoever installs one must make the replacement decide per thread
+(autocast reads thread-local state and acts only on threads that entered
+it); the Patcher only counts users safely across threads.
 """
 
 import contextlib
@@ -10,7 +15,10 @@ import threading
 
 
 class Patcher(object):
-  """Applies a set of swaps for the outermost user; reentrant, thread-safe.
+  """Applies a set of swaps for the outermost user; reentrant.
+
+  The user count is kept under a lock, so threads may enter and leave
+  concurrently; the swaps themselves are process-wide (see the module doc).
 
   Args:
     apply: a function that performs the swaps and returns the undo list,
