@@ -20,6 +20,7 @@ from estimator_bf16.audit import PrecisionError
 from estimator_bf16.audit import check_graph
 from estimator_bf16.casting import cast_features
 from estimator_bf16.casting import to_float32
+from estimator_bf16.cpu import native_bfloat16
 from estimator_bf16.estimator import make_tpu_estimator
 from estimator_bf16.float32_list import float32_ops
 from estimator_bf16.guards import NumericGuardError
@@ -57,6 +58,7 @@ __all__ = [
     'guard_model_fn',
     'make_tpu_estimator',
     'memory_plan',
+    'native_bfloat16',
     'to_float32',
     'wrap_input_fn',
     'wrap_model_fn',

@@ -34,6 +34,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator_bf16.cpu import native_bfloat16
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Unit roundoff of bfloat16 (8 significant bits, round to nearest).
 _U = 2.0**-8
@@ -61,17 +63,6 @@ def _bound(name):
   """Largest allowed |error| / max |reference| of kernel `name`, any route."""
   terms = _TERMS[name]
   return 0.0 if terms == 0 else (2.0 + math.sqrt(terms)) * _U
-
-
-def native_bfloat16(path='/proc/cpuinfo'):
-  """Whether this CPU has bfloat16 arithmetic (AVX512-BF16 or AMX)."""
-  try:
-    with open(path) as cpuinfo:
-      flags = set(next((line.partition(':')[2].split()
-                        for line in cpuinfo if line.startswith('flags')), []))
-  except OSError:
-    return False
-  return bool({'avx512_bf16', 'amx_bf16'} & flags)
 
 
 def _run_child(onednn, cache_dir):
