@@ -32,9 +32,9 @@ EMULATED_MESSAGE = (
     'copies here, so they run slower than float32 and save less memory; a '
     'TPU, or a CPU with AVX512-BF16/AMX, shows the speed.')
 
-BfloatSupport = collections.namedtuple('BfloatSupport',
+Bfloat16Support = collections.namedtuple('Bfloat16Support',
                                        ['native', 'flags', 'reason'])
-BfloatSupport.__doc__ = """What this machine does with bfloat16.
+Bfloat16Support.__doc__ = """What this machine does with bfloat16.
 
 Attributes:
   native: True if TensorFlow runs native bfloat16 kernels here, False if it
@@ -86,21 +86,21 @@ def bfloat16_support(cpuinfo=None, onednn_enabled=None):
     onednn_enabled: whether oneDNN is on; None asks TensorFlow.
 
   Returns:
-    A `BfloatSupport`.
+    A `Bfloat16Support`.
   """
   flags = cpu_flags(cpuinfo)
   if flags is None:
-    return BfloatSupport(None, (), 'CPU flags unknown on %s' % (
+    return Bfloat16Support(None, (), 'CPU flags unknown on %s' % (
         platform.system() or 'this system'))
   native = tuple(sorted(flags & set(NATIVE_BFLOAT16_FLAGS)))
   if not native:
-    return BfloatSupport(False, native, 'no AVX512-BF16/AMX')
+    return Bfloat16Support(False, native, 'no AVX512-BF16/AMX')
   if onednn_enabled is None:
     onednn_enabled = _onednn_enabled()
   if not onednn_enabled:
-    return BfloatSupport(False, native, 'it has %s, but oneDNN is off '
+    return Bfloat16Support(False, native, 'it has %s, but oneDNN is off '
                          '(TF_ENABLE_ONEDNN_OPTS=0)' % ' and '.join(native))
-  return BfloatSupport(True, native, 'it has %s' % ' and '.join(native))
+  return Bfloat16Support(True, native, 'it has %s' % ' and '.join(native))
 
 
 def native_bfloat16(cpuinfo=None):

@@ -3,8 +3,9 @@ r"""Splices a benchmark run's results into README.md, between markers.
     python scripts/benchmark.py --quick --out /tmp/bench
     python scripts/update_readme.py /tmp/bench
 
-The README's results block is the benchmark's own `readme_block.md`, never
-typed. The block must describe a CPU with native bfloat16 (AVX512-BF16 or
+The README's results block is rendered from the run's results.json by
+`benchmarks.report.readme_block` (the run's `readme_block.md` holds the
+same text), never typed. The block must describe a CPU with native bfloat16 (AVX512-BF16 or
 AMX): on other CPUs TensorFlow emulates bfloat16, and the README keeps the
 last native run, with its date and CPU. `--allow_emulated` overrides that.
 """
@@ -14,9 +15,15 @@ import json
 import os
 import sys
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from benchmarks import report
+
 BEGIN = '<!-- benchmark-results:begin (scripts/update_readme.py) -->'
 END = '<!-- benchmark-results:end -->'
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def splice(readme, block):
@@ -41,15 +48,15 @@ def main(argv=None):
                       'bfloat16.')
   args = parser.parse_args(argv)
   with open(os.path.join(args.out, 'results.json')) as f:
-    env = json.load(f)['env']
+    results = json.load(f)
+  env = results['env']
   native = env.get('bfloat16_kernels_native', env.get('native_bfloat16'))
   if not native and not args.allow_emulated:
     print('Not updating %s: this run (%s, %s) had no native bfloat16, so '
           'its speed figures mean nothing; the README keeps its last native '
           'run.' % (args.readme, env['cpu'], env['date']))
     return 0
-  with open(os.path.join(args.out, 'readme_block.md')) as f:
-    block = f.read()
+  block = report.readme_block(results)
   with open(args.readme) as f:
     readme = f.read()
   with open(args.readme, 'w') as f:

@@ -132,7 +132,8 @@ def test_build_overhead_per_model_fn_call(outputs):
   assert build['calls'] == 2
   for variant in ('float32', 'hand_written_bfloat16', 'wrapped_bfloat16'):
     assert len(build['seconds'][variant]) == 2
-    assert build[variant + '_seconds'] == pytest.approx(
+    assert build[variant + '_seconds'] == min(build['seconds'][variant])
+    assert build[variant + '_median_seconds'] == pytest.approx(
         statistics.median(build['seconds'][variant]))
   assert build['wrapper_seconds_per_call'] == pytest.approx(
       build['wrapped_bfloat16_seconds'] -
