@@ -261,3 +261,22 @@ def test_kernel_probe_structure():
     assert probe['kind'] == kind
     assert _positive_finite(probe['speed_ratio'])
     assert len(probe['speed_ratio_iqr']) == 2
+
+
+def test_an_emulating_cpu_gets_every_figure_but_no_speed_verdict(outputs):
+  results, _, _ = outputs
+  emulated = json.loads(json.dumps(results))
+  emulated['env'].update(native_bfloat16=False,
+                         bfloat16_kernels_native=False)
+  rows = {row['target']: row for row in report.targets(emulated)}
+  for target in ('throughput ours / TF oneDNN rewrite >= 1.0 (every model)',
+                 'throughput ours / Keras mixed_bfloat16 >= 1.0'):
+    assert rows[target]['met'] is None, target
+    assert 'emulated' in rows[target]['measured'], target
+  # Memory is still judged.
+  assert rows['peak step memory ours / TF oneDNN rewrite <= 1.0 (every '
+              'model)']['met'] == (results['models']['mnist_mlp']['ratios'][
+                  'memory_vs_rewrite'] <= 1.0)
+  table = report.markdown(emulated)
+  assert report.EMULATED_NOTE in table
+  assert '| mnist_mlp | 64 |' in table
