@@ -1,7 +1,7 @@
 r"""Splices a benchmark run's results into README.md, between markers.
 
-    python scripts/benchmark.py --quick --out /tmp/bench
-    python scripts/update_readme.py /tmp/bench
+    python scripts/benchmark.py --quick --out runs/bench
+    python scripts/update_readme.py runs/bench
 
 The README's results block is rendered from the run's results.json by
 `benchmarks.report.readme_block` (the run's `readme_block.md` holds the
