@@ -1,9 +1,17 @@
 """What the benchmark measures: the models, their sizes and the run lengths.
 
-`quick_config()` fits in minutes on a 2-core CPU (ResNet-18 on small images,
-BERT-small at sequence length 128, the MNIST MLP); `full_config()` uses the
-sizes the issue names (ResNet-50 on small images, BERT-base at 128). Every
-number a benchmark uses comes from here, so a reader can trace it in one hop.
+Both modes train models whose activations, not weights, fill the memory:
+`quick_config()` (under 15 minutes on a 2-core CPU) runs ResNet-50 on
+224x224 images and BERT-mini at 128 tokens, batch 32, and the MNIST MLP,
+with few steps and short timing windows; `full_config()` runs ResNet-50 at
+224x224 and BERT-base at 128 tokens with longer windows and the
+largest-batch searches. Every number a benchmark uses comes from here, so a
+reader can trace it in one hop.
+
+Adding a model: a row in `_quick_models()` / `_full_models()` (and in
+`window_steps`) for a known `family`; a new style of model code (say,
+google-research/bert's modeling.py, Keras layers, tf-slim) is first a
+builder function and an entry in `benchmarks.graphs.FAMILIES`.
 """
 
 import dataclasses
@@ -17,8 +25,9 @@ class ModelSpec:
   """One benchmarked model.
 
   Attributes:
-    name: key under `models` in results.json; contains the family name.
-    family: 'resnet', 'bert' or 'mnist_mlp'.
+    name: key under `models` in results.json and the row of the tables.
+    family: a key of `benchmarks.graphs.FAMILIES` ('resnet', 'bert',
+      'mnist_mlp', ...): which model code builds the network.
     batch_size: batch of the peak-memory and throughput measurements.
     optimizer: name for `models.optimization.create_optimizer`; the usual
       one for the family (momentum for ResNet, BERT's AdamW, Adam for MLP).
@@ -65,12 +74,16 @@ class BenchmarkConfig:
       are within this fraction of each other.
     max_search_measurements: at most this many measurements per search
       besides the peak at the benchmark batch (each runs two steps at about
-      the largest batch, the costliest part of the whole benchmark).
+      the largest batch, the costliest part of the whole benchmark); 0
+      skips the largest-batch searches.
     overhead_model: name of the model of the wrapper-overhead benchmark.
     overhead_batch_size: its batch.
     overhead_window_steps: its steps per window.
     overhead_windows: timed windows per variant in that benchmark (many
       one-step windows: it resolves a difference of a few percent).
+    build_overhead_models: names of the models whose model_fn call is
+      timed at graph-build time; empty means all.
+    build_overhead_calls: timed calls per variant there.
     adafactor_model: name of the model of the Adafactor comparison; '' picks
       the first BERT (its embedding table makes optimizer state matter).
     keras_batch_size: batch of the Keras comparison (MNIST MLP).
@@ -94,6 +107,8 @@ class BenchmarkConfig:
   overhead_batch_size: int = 512
   overhead_window_steps: int = 1
   overhead_windows: int = 400
+  build_overhead_models: Tuple[str, ...] = ()
+  build_overhead_calls: int = 5
   adafactor_model: str = ''
   keras_batch_size: int = 256
   keras_window_steps: int = 40
@@ -122,43 +137,58 @@ BERT_BASE_SEQ128 = ModelSpec('bert_base_seq128', 'bert', batch_size=0,
                              seq_length=128, num_classes=2)
 
 
-def quick_config():
-  """Minutes on a 2-core CPU; the models are smaller than the full ones."""
-  models = (
-      ModelSpec('resnet18_32px', 'resnet', batch_size=32,
-                optimizer='momentum', resnet_depth=18, image_size=32,
-                num_classes=100, budget_mib=160),
-      ModelSpec('bert_mini_seq128', 'bert', batch_size=16,
+def _quick_models():
+  """Activation-heavy sizes: ResNet-50 as in full mode, a smaller BERT."""
+  return (
+      ModelSpec('resnet50_224px', 'resnet', batch_size=32,
+                optimizer='momentum', resnet_depth=50, image_size=224,
+                num_classes=1000, budget_mib=8192),
+      ModelSpec('bert_mini_seq128', 'bert', batch_size=32,
                 optimizer='adamw', bert_preset='mini', seq_length=128,
-                num_classes=2, budget_mib=1024),
+                num_classes=2, budget_mib=2048),
       ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=256, optimizer='adam',
                 budget_mib=64),
   )
+
+
+def _full_models():
+  return (
+      ModelSpec('resnet50_224px', 'resnet', batch_size=32,
+                optimizer='momentum', resnet_depth=50, image_size=224,
+                num_classes=1000, budget_mib=8192),
+      ModelSpec('bert_base_seq128', 'bert', batch_size=32,
+                optimizer='adamw', bert_preset='base', seq_length=128,
+                num_classes=2, budget_mib=8192),
+      ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=256, optimizer='adam',
+                budget_mib=256),
+  )
+
+
+def quick_config():
+  """Under 15 minutes on a 2-core CPU: full sizes' kind, few steps."""
   return BenchmarkConfig(
-      mode='quick', models=models,
-      window_steps=(('resnet18_32px', 2), ('bert_mini_seq128', 3),
+      mode='quick', models=_quick_models(),
+      # One-step windows for ResNet-50 (seconds per step here), interleaved
+      # with the other variants' windows, rather than fewer, longer ones.
+      window_steps=(('resnet50_224px', 1), ('bert_mini_seq128', 2),
                     ('mnist_mlp', 40)),
-      warmup_steps=2, windows=4, max_search_measurements=3,
+      warmup_steps=2, windows=4, max_search_measurements=0,
+      overhead_windows=300,
+      # ResNet-50's graph takes seconds to build, and this machine's noise
+      # is as large as the wrapper's cost there: the two smaller models.
+      build_overhead_models=('mnist_mlp', 'bert_mini_seq128'),
+      build_overhead_calls=5,
       convergence_steps=(300, 150), convergence_bert_preset='tiny')
 
 
 def full_config():
   """The sizes the issue names; an hour or more on a 2-core CPU."""
-  models = (
-      ModelSpec('resnet50_96px', 'resnet', batch_size=32,
-                optimizer='momentum', resnet_depth=50, image_size=96,
-                num_classes=1000, budget_mib=2048),
-      ModelSpec('bert_base_seq128', 'bert', batch_size=16,
-                optimizer='adamw', bert_preset='base', seq_length=128,
-                num_classes=2, budget_mib=6144),
-      ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=256, optimizer='adam',
-                budget_mib=256),
-  )
   return BenchmarkConfig(
-      mode='full', models=models,
-      window_steps=(('resnet50_96px', 3), ('bert_base_seq128', 3),
+      mode='full', models=_full_models(),
+      window_steps=(('resnet50_224px', 2), ('bert_base_seq128', 2),
                     ('mnist_mlp', 100)),
-      windows=7, overhead_windows=1000, convergence_steps=(1000, 400),
+      windows=7, max_search_measurements=4, overhead_windows=1000,
+      build_overhead_calls=7, convergence_steps=(1000, 400),
       convergence_bert_preset='mini',
       tpu_plans=(RESNET50_224PX, BERT_BASE_SEQ128))
 

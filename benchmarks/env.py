@@ -11,6 +11,8 @@ import platform
 
 import tensorflow as tf
 
+from estimator_bf16 import cpu as eb_cpu
+
 # CPU flags that decide how fast bfloat16 (and float32) math can be.
 _FLAGS_OF_INTEREST = ('avx', 'avx2', 'fma', 'f16c', 'avx512f', 'avx512bw',
                       'avx512_vnni', 'avx512_bf16', 'amx_tile', 'amx_bf16',
@@ -74,6 +76,8 @@ def describe():
       'memory_bytes': total_memory,
       'cpu_flags': {flag: flag in flags for flag in _FLAGS_OF_INTEREST},
       'native_bfloat16': bool({'avx512_bf16', 'amx_bf16'} & flags),
+      # False also when oneDNN is off: then TensorFlow emulates bfloat16.
+      'bfloat16_kernels_native': eb_cpu.bfloat16_support().native,
       'onednn': onednn_setting(),
       'tf_cpu_allocator_use_bfc': os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'),
       'tensorflow': tf.__version__,

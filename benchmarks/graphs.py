@@ -47,32 +47,76 @@ class TrainStep:
   report: Any
 
 
+def _resnet(spec):
+  from models import resnet  # pylint: disable=g-import-not-at-top
+  config = resnet.ResNetConfig(depth=spec.resnet_depth,
+                               num_classes=spec.num_classes,
+                               image_size=spec.image_size)
+  return lambda params: resnet.resnet_v1(config)
+
+
+def _bert(spec):
+  from models import bert  # pylint: disable=g-import-not-at-top
+  config = bert.BertConfig.preset(spec.bert_preset, vocab_size=spec.vocab_size)
+  # BERT requests its variables in an explicit dtype, read from params.
+  return lambda params: bert.bert_classifier(
+      config, spec.num_classes,
+      eb.compute_dtype(params.get('precision', 'float32')))
+
+
+def _mnist_mlp(spec):
+  from models import mnist  # pylint: disable=g-import-not-at-top
+  config = mnist.MnistConfig(image_size=spec.image_size,
+                             num_classes=spec.num_classes)
+  return lambda params: mnist.mnist_mlp(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One style of model code the benchmark can train.
+
+  Attributes:
+    network_builder: `network_builder(spec) -> builder(params) ->
+      network_fn(inputs, is_training) -> float logits [batch, classes]`,
+      where `inputs` is the image batch, or the features dict of token ids
+      for `inputs='tokens'`. The network is written as its users write it:
+      the wrapper, not the network, decides the precision.
+    inputs: 'image' (float32 [batch, size, size, channels] under the
+      feature key 'image') or 'tokens' ('input_ids', 'input_mask',
+      'segment_ids', int32 [batch, seq_length], as BERT's run_classifier).
+    channels: image channels.
+    clip_norm: global gradient-norm clipping of the training step, if any.
+  """
+  network_builder: Callable
+  inputs: str = 'image'
+  channels: int = 3
+  clip_norm: Optional[float] = None
+
+
+# `ModelSpec.family` names one of these. A new style of model code is one
+# builder function and one entry here, then rows in `configs.py`.
+FAMILIES = {
+    'resnet': Family(_resnet, inputs='image', channels=3),
+    'bert': Family(_bert, inputs='tokens', clip_norm=1.0),
+    'mnist_mlp': Family(_mnist_mlp, inputs='image', channels=1),
+}
+
+
+def family_of(spec):
+  """The `Family` of `spec`; a ValueError names the known ones."""
+  if spec.family not in FAMILIES:
+    raise ValueError('Unknown model family %r; known: %s.' % (
+        spec.family, ', '.join(sorted(FAMILIES))))
+  return FAMILIES[spec.family]
+
+
 def network_fn_builder(spec):
   """Returns `builder(params) -> network_fn(inputs, is_training) -> logits`.
 
   Args:
     spec: a `configs.ModelSpec`.
   """
-  if spec.family == 'resnet':
-    from models import resnet  # pylint: disable=g-import-not-at-top
-    config = resnet.ResNetConfig(depth=spec.resnet_depth,
-                                 num_classes=spec.num_classes,
-                                 image_size=spec.image_size)
-    return lambda params: resnet.resnet_v1(config)
-  if spec.family == 'bert':
-    from models import bert  # pylint: disable=g-import-not-at-top
-    config = bert.BertConfig.preset(spec.bert_preset,
-                                    vocab_size=spec.vocab_size)
-    # BERT requests its variables in an explicit dtype, read from params.
-    return lambda params: bert.bert_classifier(
-        config, spec.num_classes,
-        eb.compute_dtype(params.get('precision', 'float32')))
-  if spec.family == 'mnist_mlp':
-    from models import mnist  # pylint: disable=g-import-not-at-top
-    config = mnist.MnistConfig(image_size=spec.image_size,
-                               num_classes=spec.num_classes)
-    return lambda params: mnist.mnist_mlp(config)
-  raise ValueError('Unknown model family %r.' % (spec.family,))
+  return family_of(spec).network_builder(spec)
 
 
 def model_fn(spec, optimizer=None, network_builder=None):
@@ -85,12 +129,13 @@ def model_fn(spec, optimizer=None, network_builder=None):
       benchmark passes a hand-written bfloat16 network here.
   """
   optimizer = optimizer or spec.optimizer
+  family = family_of(spec)
   return head.classifier_model_fn_builder(
       network_builder or network_fn_builder(spec),
       num_classes=spec.num_classes, optimizer=optimizer,
       learning_rate=spec.learning_rate,
-      feature_key=None if spec.family == 'bert' else 'image',
-      clip_norm=1.0 if spec.family == 'bert' else None)
+      feature_key=None if family.inputs == 'tokens' else 'image',
+      clip_norm=family.clip_norm)
 
 
 def feature_specs(spec, dtype=tf.float32):
@@ -101,12 +146,12 @@ def feature_specs(spec, dtype=tf.float32):
     dtype: dtype of floating features (images).
   """
   labels = tf.TensorSpec([], tf.int32)
-  if spec.family == 'bert':
+  family = family_of(spec)
+  if family.inputs == 'tokens':
     ids = tf.TensorSpec([spec.seq_length], tf.int32)
     return {'input_ids': ids, 'input_mask': ids, 'segment_ids': ids}, labels
-  channels = 3 if spec.family == 'resnet' else 1
   return {'image': tf.TensorSpec(
-      [spec.image_size, spec.image_size, channels], dtype)}, labels
+      [spec.image_size, spec.image_size, family.channels], dtype)}, labels
 
 
 def synthetic_input_fn(spec):
@@ -123,7 +168,7 @@ def synthetic_input_fn(spec):
     def make(_):
       labels = tf.random.stateless_uniform(
           [batch], [_SEED, 0], maxval=spec.num_classes, dtype=tf.int32)
-      if spec.family == 'bert':
+      if family_of(spec).inputs == 'tokens':
         shape = [batch, spec.seq_length]
         ids = tf.random.stateless_uniform(shape, [_SEED, 1], minval=1,
                                           maxval=spec.vocab_size,
@@ -218,6 +263,22 @@ def memory_session_config():
   config.graph_options.rewrite_options.constant_folding = (
       rewriter_config_pb2.RewriterConfig.OFF)
   return config
+
+
+def onednn_rewrite_config(config=None):
+  """`config` (or a new ConfigProto) with TensorFlow's bfloat16 rewrite on.
+
+  The peer a user can switch on without code: grappler's
+  `auto_mixed_precision_onednn_bfloat16` pass rewrites the float32 graph
+  at run time (matmuls and convolutions to bfloat16, softmax and
+  reductions following their inputs, variables float32).
+  """
+  proto = tf.compat.v1.ConfigProto()
+  if config is not None:
+    proto.CopyFrom(config)
+  proto.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
+      rewriter_config_pb2.RewriterConfig.ON)
+  return proto
 
 
 def start_session(step, config=None):

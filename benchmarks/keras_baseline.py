@@ -126,7 +126,7 @@ def run(batch_size, warmup_steps, window_steps, windows):
         versus_mixed.get(name + '_examples_per_sec') or
         versus_float32[name + '_examples_per_sec'])
   results.update({
-      'batch_size': batch_size,
+      'model': spec.name, 'batch_size': batch_size,
       'throughput_ratio': versus_mixed['ratio'],
       'throughput_ratio_iqr': versus_mixed['ratio_iqr'],
       'memory_ratio': (results[OURS]['peak_step_bytes'] /

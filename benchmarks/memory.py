@@ -11,7 +11,9 @@ Both need `TF_CPU_ALLOCATOR_USE_BFC=true` in the environment before
 TensorFlow is imported (see `estimator_bf16/memory.py`).
 """
 
+import collections
 import math
+import re
 
 import tensorflow as tf
 
@@ -34,11 +36,14 @@ def check_allocator_stats():
         memory_lib.ALLOCATOR_ENV)
 
 
-def measure_step_memory(step):
+def measure_step_memory(step, session_config=None):
   """Measures one training step's peak and its persistent part.
 
   Args:
     step: a `graphs.TrainStep`; no other session may be alive.
+    session_config: a `ConfigProto` to start from (e.g. with TensorFlow's
+      bfloat16 rewrite on); `graphs.memory_session_config`'s options are
+      applied to it.
 
   Returns:
     dict of ints: 'batch_size'; 'peak_step_bytes' (allocator peak of a
@@ -47,11 +52,15 @@ def measure_step_memory(step):
     bfloat16 weight copies, kernel temporaries); 'kernel_scratch_bytes' and
     'kernel_scratch_op' (see `kernel_scratch`); and the graph's
     'parameter_bytes', 'slot_bytes' and 'state_bytes' (from its variables;
-    state includes the resident input batch).
+    state includes the resident input batch); 'executed' (`op_profile` of
+    the traced step: what ran after grappler's rewrites).
   """
   check_allocator_stats()
   baseline = bytes_in_use()
-  session = graphs.start_session(step, graphs.memory_session_config())
+  config = graphs.memory_session_config()
+  if session_config is not None:
+    config.MergeFrom(session_config)
+  session = graphs.start_session(step, config)
   try:
     # The first step creates kernels and caches; the second is a step like
     # every later one.
@@ -71,7 +80,46 @@ def measure_step_memory(step):
             'transient_bytes': int(peak - persistent),
             'kernel_scratch_bytes': scratch, 'kernel_scratch_op': scratch_op}
   result.update(planner.variable_bytes(step.graph))
+  result['executed'] = op_profile(run_metadata)
   return result
+
+
+_OP_TYPE = re.compile(r'= (\w+)\(')
+
+
+def op_profile(run_metadata):
+  """What a traced step executed: op counts, and the casts' cost.
+
+  Grappler rewrites the graph before it runs (TensorFlow's bfloat16 pass
+  adds its casts then), so this reads the step stats, not the graph.
+
+  Returns:
+    dict: 'ops' (kernels run), 'casts' (Cast kernels run), 'cast_bytes'
+    (bytes the casts wrote), 'cast_micros' (their summed run time, over
+    both threads' work), 'op_micros' (all kernels' summed run time), and
+    'top_ops' ([op type, micros] of the 8 costliest op types).
+  """
+  micros, casts, cast_bytes, cast_micros, ops = (
+      collections.Counter(), 0, 0, 0, 0)
+  for device in run_metadata.step_stats.dev_stats:
+    for node in device.node_stats:
+      match = _OP_TYPE.search(node.timeline_label)
+      if not match:
+        continue
+      kind = match.group(1)
+      took = node.all_end_rel_micros
+      ops += 1
+      micros[kind] += took
+      if kind == 'Cast':
+        casts += 1
+        cast_micros += took
+        cast_bytes += sum(
+            o.tensor_description.allocation_description.requested_bytes
+            for o in node.output)
+  return {'ops': ops, 'casts': casts, 'cast_bytes': int(cast_bytes),
+          'cast_micros': int(cast_micros),
+          'op_micros': int(sum(micros.values())),
+          'top_ops': [[k, int(v)] for k, v in micros.most_common(8)]}
 
 
 def kernel_scratch(run_metadata):

@@ -1,5 +1,9 @@
 """What the wrapper costs: `eb.wrap_model_fn` against hand-written bfloat16.
 
+Two costs: per training step (`measure_overhead`), and per model_fn call
+at graph-build time (`measure_build_overhead`), where the wrapper's
+patching and audit run.
+
 The reference is the tensorflow/tpu way (`resnet_main.py`): the user edits
 the model_fn so the network is built under `tf.compat.v1.tpu.bfloat16_scope`
 on inputs cast by hand, and casts the logits back to float32 by hand. The
@@ -13,9 +17,13 @@ wrapped and hand-written in turn, hundreds of times.
 """
 
 import collections
+import gc
+import statistics
+import time
 
 import tensorflow as tf
 
+import estimator_bf16 as eb
 from benchmarks import graphs
 from benchmarks import throughput
 
@@ -119,4 +127,88 @@ def measure_overhead(spec, batch_size, *, warmup_steps, window_steps,
             'hand_written_bfloat16_flop_share':
                 hand_written.report.bfloat16_flop_share}
   result.update(compare_graphs(wrapped.graph, hand_written.graph))
+  return result
+
+
+BUILD_VARIANTS = ('float32', 'hand_written_bfloat16', 'wrapped_bfloat16')
+
+
+def _model_fn_call_seconds(spec, batch_size, variant):
+  """Seconds one call of `variant`'s model_fn takes to build TRAIN ops.
+
+  Only the call is timed, in a fresh graph on placeholder features (float32
+  images or int32 ids, as the input pipeline would give them): graph
+  creation and the features are the same for every variant.
+  """
+  if variant == 'wrapped_bfloat16':
+    fn = eb.wrap_model_fn(graphs.model_fn(spec), 'bfloat16')
+  elif variant == 'hand_written_bfloat16':
+    fn = graphs.model_fn(spec,
+                         network_builder=hand_written_network_builder(spec))
+  else:
+    fn = graphs.model_fn(spec)
+  precision = 'float32' if variant == 'float32' else 'bfloat16'
+  params = {'batch_size': batch_size, 'precision': precision,
+            'use_tpu': False}
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(1)
+    feature_spec, label_spec = graphs.feature_specs(spec)
+    features = {name: tf.compat.v1.placeholder(s.dtype, [batch_size] +
+                                               s.shape.as_list(), name=name)
+                for name, s in feature_spec.items()}
+    labels = tf.compat.v1.placeholder(label_spec.dtype, [batch_size])
+    # The previous graphs' garbage is collected now, not inside the call.
+    gc.collect()
+    start = time.perf_counter()
+    fn(features, labels, tf.estimator.ModeKeys.TRAIN, params, None)
+    return time.perf_counter() - start
+
+
+def measure_build_overhead(spec, batch_size, *, calls):
+  """What a wrapped model_fn call costs at graph-build time.
+
+  Builds the TRAIN graph of `spec` with the plain float32 model_fn, the
+  hand-written bfloat16 one (tensorflow/tpu style) and the unmodified one
+  under `eb.wrap_model_fn(..., 'bfloat16')`, in turn, `calls` times each
+  (interleaved, so a slow spell of the shared machine hits all alike).
+
+  Args:
+    spec: a `configs.ModelSpec`.
+    batch_size: static batch of the placeholders.
+    calls: calls per variant (the first of each is a warm-up, not counted:
+      it imports and traces what later calls reuse).
+
+  A build is CPU work that a busy machine can only slow down, so each
+  variant's figure is its fastest call; the medians are kept alongside.
+
+  Returns:
+    dict: 'model', 'calls' (counted per variant), '<variant>_seconds' (the
+    fastest call), '<variant>_median_seconds', 'seconds' (every call),
+    'wrapper_seconds_per_call' (wrapped minus hand-written
+    bfloat16: the wrapper's own machinery, patching and audit), and
+    'wrapped_minus_float32_seconds_per_call' (what a user pays over the
+    float32 build: the wrapper plus the casts it adds), with the ratios
+    'wrapped_over_hand_written' and 'wrapped_over_float32'.
+  """
+  times = {variant: [] for variant in BUILD_VARIANTS}
+  for round_index in range(calls + 1):
+    order = (BUILD_VARIANTS if round_index % 2 == 0
+             else BUILD_VARIANTS[::-1])
+    for variant in order:
+      seconds = _model_fn_call_seconds(spec, batch_size, variant)
+      if round_index:
+        times[variant].append(seconds)
+  fastest = {variant: min(values) for variant, values in times.items()}
+  wrapped = fastest['wrapped_bfloat16']
+  result = {
+      'model': spec.name, 'batch_size': batch_size, 'calls': calls,
+      'wrapper_seconds_per_call': wrapped - fastest['hand_written_bfloat16'],
+      'wrapped_minus_float32_seconds_per_call': wrapped - fastest['float32'],
+      'wrapped_over_hand_written': wrapped / fastest['hand_written_bfloat16'],
+      'wrapped_over_float32': wrapped / fastest['float32'],
+      'seconds': times,
+  }
+  for variant, values in times.items():
+    result[variant + '_seconds'] = fastest[variant]
+    result[variant + '_median_seconds'] = statistics.median(values)
   return result

@@ -8,6 +8,7 @@ precisions are timed side by side before the next model starts.
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -25,8 +26,11 @@ from benchmarks import throughput
 from benchmarks.configs import MiB
 
 PRECISIONS = ('float32', 'bfloat16')
-SECTIONS = ('kernels', 'models', 'tpu_plans', 'overhead', 'keras',
-            'adafactor', 'convergence')
+# TensorFlow's oneDNN bfloat16 rewrite of the float32 graph (the peer).
+REWRITE = 'onednn_rewrite'
+VARIANTS = PRECISIONS + (REWRITE,)
+SECTIONS = ('kernels', 'models', 'tpu_plans', 'overhead', 'build_overhead',
+            'keras', 'adafactor', 'convergence')
 
 
 def _graph_row(report):
@@ -39,7 +43,12 @@ def _ratio(top, bottom):
 
 
 def measure_model(spec, config, cpu_upcast):
-  """Memory, largest batch, planner check and throughput of one model.
+  """Memory, throughput and planner check of one model, every variant.
+
+  The variants (`VARIANTS`): float32; ours (`eb.wrap_model_fn` and
+  `eb.wrap_input_fn` in bfloat16); TensorFlow's oneDNN bfloat16 rewrite on
+  the float32 graph (a session option, no code change). Memory is measured
+  for each alone; all three are then timed in interleaved windows.
 
   Args:
     spec: a `configs.ModelSpec`.
@@ -48,8 +57,9 @@ def measure_model(spec, config, cpu_upcast):
       (no AVX512-BF16/AMX); the planner's CPU estimates then include them.
 
   Returns:
-    dict with the spec, one entry per precision (peak_step_bytes,
-    examples_per_sec, max_batch and their details) and 'ratios'.
+    dict with the spec, one entry per variant (peak_step_bytes,
+    examples_per_sec, memory details; for the two precisions also the
+    planner and, when searched, max_batch) and 'ratios'.
   """
   result = {'spec': dataclasses.asdict(spec),
             'budget_bytes': spec.budget_mib * MiB}
@@ -62,25 +72,41 @@ def measure_model(spec, config, cpu_upcast):
     result[precision] = row
     if at_fp32:
       result['bfloat16_at_float32_max_batch'] = at_fp32
-  # The same graphs, now in sessions with TensorFlow's default options.
-  summary = _throughput(spec, config, steps)
-  for precision in PRECISIONS:
-    result[precision]['examples_per_sec'] = summary[
-        precision + '_examples_per_sec']
-  result['throughput_windows'] = summary['windows']
+  # The rewrite runs on the float32 graph itself.
+  rewrite = memory.measure_step_memory(steps['float32'],
+                                       graphs.onednn_rewrite_config())
+  logging.info('%s %s: peak %.1f MiB at batch %d', spec.name, REWRITE,
+               rewrite['peak_step_bytes'] / MiB, spec.batch_size)
+  result[REWRITE] = {'peak_step_bytes': rewrite['peak_step_bytes'],
+                     'memory': rewrite}
+  rates = _throughput(spec, config, steps)
+  result['throughput_windows'] = rates
+  for variant in VARIANTS:
+    result[variant]['examples_per_sec'] = statistics.median(rates[variant])
+  versus_fp32 = throughput.summarize(rates, 'bfloat16', 'float32')
+  rewrite_fp32 = throughput.summarize(rates, REWRITE, 'float32')
+  versus_rewrite = throughput.summarize(rates, 'bfloat16', REWRITE)
   fp32, bf16 = result['float32'], result['bfloat16']
   at_fp32 = result.get('bfloat16_at_float32_max_batch') or {}
-  fp32_at_max = fp32['max_batch_search']['at_max_batch'] or {}
+  fp32_at_max = (fp32['max_batch_search'] or {}).get('at_max_batch') or {}
+  peak = lambda variant: result[variant]['peak_step_bytes']
+  transient = lambda variant: result[variant]['memory']['transient_bytes']
   result['ratios'] = {
-      'memory': _ratio(bf16['peak_step_bytes'], fp32['peak_step_bytes']),
-      'transient_memory': _ratio(bf16['memory']['transient_bytes'],
-                                 fp32['memory']['transient_bytes']),
+      'memory': _ratio(peak('bfloat16'), peak('float32')),
+      'rewrite_memory': _ratio(peak(REWRITE), peak('float32')),
+      'memory_vs_rewrite': _ratio(peak('bfloat16'), peak(REWRITE)),
+      'transient_memory': _ratio(transient('bfloat16'),
+                                 transient('float32')),
+      'rewrite_transient_memory': _ratio(transient(REWRITE),
+                                         transient('float32')),
       'memory_at_float32_max_batch': _ratio(
           at_fp32.get('peak_step_bytes'), fp32_at_max.get('peak_step_bytes')),
-      'transient_memory_at_float32_max_batch': _ratio(
-          at_fp32.get('transient_bytes'), fp32_at_max.get('transient_bytes')),
-      'throughput': summary['ratio'],
-      'throughput_iqr': summary['ratio_iqr'],
+      'throughput': versus_fp32['ratio'],
+      'throughput_iqr': versus_fp32['ratio_iqr'],
+      'rewrite_throughput': rewrite_fp32['ratio'],
+      'rewrite_throughput_iqr': rewrite_fp32['ratio_iqr'],
+      'throughput_vs_rewrite': versus_rewrite['ratio'],
+      'throughput_vs_rewrite_iqr': versus_rewrite['ratio_iqr'],
       'max_batch': _ratio(bf16['max_batch'], fp32['max_batch']),
       'planner_max_batch_v2': _ratio(
           bf16['planner']['tpu_max_batch_per_core']['v2'],
@@ -92,6 +118,9 @@ def measure_model(spec, config, cpu_upcast):
 def _measure_precision(spec, precision, config, cpu_upcast,
                        float32_max_batch):
   """Plans, peak at the benchmark batch, and largest batch in the budget.
+
+  The largest-batch search runs only with `config.max_search_measurements`
+  (it runs steps at about the largest batch, the costliest part of all).
 
   Returns:
     (row for results.json, the benchmark-batch `TrainStep`, the measurement
@@ -106,21 +135,23 @@ def _measure_precision(spec, precision, config, cpu_upcast,
   measured = memory.measure_step_memory(step)
   logging.info('%s %s: peak %.1f MiB at batch %d', spec.name, precision,
                measured['peak_step_bytes'] / MiB, spec.batch_size)
-  known, at_fp32 = [measured], None
-  if float32_max_batch:
-    # The memory ratio where activations weigh most within the budget; it
-    # is also a point of the search.
-    at_fp32 = memory.measure_step_memory(build(float32_max_batch))
-    known.append(at_fp32)
-  guess = plan.max_batch(budget, upcast=cpu_upcast)
-  search = memory.max_batch_in_budget(
-      build, budget, guess=guess, known=known,
-      slope=(plan.step_bytes(guess + 100, upcast=cpu_upcast) -
-             plan.step_bytes(guess, upcast=cpu_upcast)) / 100.0,
-      tolerance=config.batch_tolerance,
-      max_measurements=config.max_search_measurements)
-  logging.info('%s %s: max batch %d in %d MiB', spec.name, precision,
-               search['max_batch'], spec.budget_mib)
+  search, at_fp32 = None, None
+  if config.max_search_measurements:
+    known = [measured]
+    if float32_max_batch:
+      # The memory ratio where activations weigh most within the budget;
+      # it is also a point of the search.
+      at_fp32 = memory.measure_step_memory(build(float32_max_batch))
+      known.append(at_fp32)
+    guess = plan.max_batch(budget, upcast=cpu_upcast)
+    search = memory.max_batch_in_budget(
+        build, budget, guess=guess, known=known,
+        slope=(plan.step_bytes(guess + 100, upcast=cpu_upcast) -
+               plan.step_bytes(guess, upcast=cpu_upcast)) / 100.0,
+        tolerance=config.batch_tolerance,
+        max_measurements=config.max_search_measurements)
+    logging.info('%s %s: max batch %d in %d MiB', spec.name, precision,
+                 search['max_batch'], spec.budget_mib)
   planned = planning.plan_row(plan, budget, cpu_upcast)
   planned['tpu_max_batch_per_core_adafactor'] = plans[
       'adafactor'].max_batch_per_core()
@@ -128,34 +159,47 @@ def _measure_precision(spec, precision, config, cpu_upcast,
   planned.update(planning.validate(
       plan, cpu_upcast,
       ('at_batch', spec.batch_size, measured['peak_step_bytes']),
-      ('at_max_batch', search['max_batch'], search['peak_at_max_batch'])))
+      ('at_max_batch', search and search['max_batch'],
+       search and search['peak_at_max_batch'])))
   row = {'peak_step_bytes': measured['peak_step_bytes'],
-         'max_batch': search['max_batch'], 'memory': measured,
+         'max_batch': search and search['max_batch'], 'memory': measured,
          'max_batch_search': search, 'planner': planned,
          'graph': _graph_row(step.report)}
   return row, step, at_fp32
 
 
 def _throughput(spec, config, steps):
-  """Times both precisions' `steps` (TrainSteps) in alternating windows.
+  """Times every variant of one model in interleaved windows.
+
+  Args:
+    spec: the `configs.ModelSpec`.
+    config: the `configs.BenchmarkConfig`.
+    steps: {precision: `graphs.TrainStep`}; the rewrite runs the float32
+      one in a session of its own.
 
   Returns:
-    `throughput.summarize(rates, 'bfloat16', 'float32')`.
+    {variant: examples/sec per window}, from
+    `throughput.alternating_windows`.
   """
   sessions = {}
   try:
-    for precision, step in steps.items():
-      sessions[precision] = graphs.start_session(step)
-    variants = {p: (lambda s=sessions[p], op=steps[p].train_op: s.run(op),
-                    spec.batch_size) for p in PRECISIONS}
-    rates = throughput.alternating_windows(
+    for variant in VARIANTS:
+      step = steps['float32' if variant == REWRITE else variant]
+      sessions[variant] = graphs.start_session(
+          step, graphs.onednn_rewrite_config() if variant == REWRITE
+          else None)
+    variants = {}
+    for variant in VARIANTS:
+      op = steps['float32' if variant == REWRITE else variant].train_op
+      variants[variant] = (lambda s=sessions[variant], op=op: s.run(op),
+                           spec.batch_size)
+    return throughput.alternating_windows(
         variants, warmup_steps=config.warmup_steps,
         window_steps=config.steps_per_window(spec.name),
         windows=config.windows)
   finally:
     for session in sessions.values():
       session.close()
-  return throughput.summarize(rates, 'bfloat16', 'float32')
 
 
 def tpu_plans(specs):
@@ -248,6 +292,13 @@ def run(config, out_dir, sections=SECTIONS):
             warmup_steps=config.warmup_steps,
             window_steps=config.overhead_window_steps,
             windows=config.overhead_windows))
+  if 'build_overhead' in sections:
+    results['build_overhead'] = timed('build_overhead', lambda: {
+        spec.name: overhead.measure_build_overhead(
+            spec, spec.batch_size, calls=config.build_overhead_calls)
+        for spec in config.models
+        if spec.name in (config.build_overhead_models or
+                         [m.name for m in config.models])})
   if 'keras' in sections:
     results['keras_mixed_bfloat16'] = timed('keras', keras_comparison,
                                             config, out_dir)

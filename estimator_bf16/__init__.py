@@ -24,6 +24,7 @@ from estimator_bf16.audit import PrecisionError
 from estimator_bf16.audit import check_graph
 from estimator_bf16.casting import cast_features
 from estimator_bf16.casting import to_float32
+from estimator_bf16.cpu import native_bfloat16
 from estimator_bf16.estimator import make_tpu_estimator
 from estimator_bf16.guards import NumericGuardError
 from estimator_bf16.guards import guard_model_fn
@@ -63,6 +64,7 @@ __all__ = [
     'keep_float32',
     'make_tpu_estimator',
     'memory_plan',
+    'native_bfloat16',
     'to_float32',
     'wrap_input_fn',
     'wrap_model_fn',

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from estimator_bf16 import _tf_check
 from estimator_bf16 import compat
+from estimator_bf16 import cpu
 from estimator_bf16 import guards
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import wrappers
@@ -181,6 +182,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       tf_random_seed=tf_random_seed,
       session_config=session_config,
       tpu_config=tpu_config)
+  if not use_tpu:
+    cpu.warn_if_emulated(precision)  # once per process, bfloat16 only
   if numeric_guard:
     model_fn = guards.guard_model_fn(model_fn)
   return tpu_lib.TPUEstimator(

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16 import cpu as eb_cpu
 from estimator_bf16.memory import PeakMemoryHook
 from models import report
 from models import training
@@ -89,6 +90,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
   steps = 20 if f.quick else f.train_steps
+  # Before the runs: on an AVX2-only CPU the speed column is not the point.
+  eb_cpu.warn_if_emulated('bfloat16')
   os.makedirs(f.out_dir, exist_ok=True)
   rows, curves, results = train_both(
       f.out_dir, model=f.model, train_steps=steps,

@@ -11,6 +11,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from estimator_bf16 import cpu as eb_cpu
+
 LOSS_TAG = 'train/loss'
 
 # (key in a summary row, label in the table, format)
@@ -103,25 +105,22 @@ def comparison_table(rows, base='float32', other='bfloat16'):
   return '\n'.join([fmt_line(header), rule] + [fmt_line(l) for l in lines])
 
 
-def cpu_bfloat16_note(cpuinfo='/proc/cpuinfo'):
+def cpu_bfloat16_note(cpuinfo=None):
   """Returns a sentence on whether this CPU computes bfloat16 natively.
 
   Without AVX512-BF16 or AMX, TensorFlow emulates bfloat16 math through
   float32, so local bfloat16 runs are slower (and save less memory) than on
   a TPU, whose matrix units take bfloat16 directly.
   """
-  try:
-    with open(cpuinfo) as f:
-      flags = set(f.read().split())
-  except OSError:
-    return 'CPU bfloat16 support: unknown (no %s).' % cpuinfo
-  native = sorted(flags & {'avx512_bf16', 'amx_bf16'})
-  if native:
-    return ('This CPU has %s: bfloat16 matmuls run natively here.' %
-            ' and '.join(native))
-  return ('This CPU has no AVX512-BF16/AMX: TensorFlow converts bfloat16 to '
-          'float32 inside its kernels here, so the speed and memory ratios '
-          'above are no guide to a TPU, where bfloat16 is native.')
+  support = eb_cpu.bfloat16_support(cpuinfo)
+  if support.native is None:
+    return 'CPU bfloat16 support: unknown (%s).' % support.reason
+  if support.native:
+    return 'This CPU has %s: bfloat16 matmuls run natively here.' % (
+        ' and '.join(support.flags))
+  return ('This CPU computes bfloat16 through float32 (%s), so the speed and '
+          'memory ratios above are no guide to a TPU, where bfloat16 is '
+          'native.' % support.reason)
 
 
 def plot_loss_curves(curves, path, title='Training loss'):

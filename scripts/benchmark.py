@@ -3,9 +3,13 @@ r"""Benchmarks bfloat16 against float32: memory, speed, overhead, convergence.
     python scripts/benchmark.py --quick --out /tmp/bench   # minutes
     python scripts/benchmark.py --out /tmp/bench           # full sizes
 
+Every model runs in float32, in bfloat16 through estimator_bf16, and under
+TensorFlow's oneDNN bfloat16 rewrite of the float32 graph, side by side.
 Writes DIR/results.json (every figure), DIR/results.md (the tables, printed
-last) and DIR/convergence.png (float32 vs bfloat16 loss curves). The method
-is in docs/benchmarks.md; the logic in the `benchmarks` package.
+last), DIR/readme_block.md (the README's block; `scripts/update_readme.py
+DIR` puts it in place) and DIR/convergence.png (float32 vs bfloat16 loss
+curves). The method is in docs/benchmarks.md; the logic in the
+`benchmarks` package.
 """
 
 import os
@@ -32,12 +36,14 @@ def parse_args(argv=None):
       description=__doc__.split('\n')[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument('--quick', action='store_true',
-                      help='Small models and short runs (minutes here).')
+                      help='Full-size ResNet-50, BERT-mini, short runs '
+                      '(under 15 minutes on 2 cores).')
   parser.add_argument('--out', required=True,
                       help='Directory for results.json, results.md, PNG.')
   parser.add_argument('--sections', default='all',
                       help='Comma-separated subset of: kernels, models, '
-                      'tpu_plans, overhead, keras, adafactor, convergence.')
+                      'tpu_plans, overhead, build_overhead, keras, '
+                      'adafactor, convergence.')
   parser.add_argument('--verbose', action='store_true',
                       help="Also show TensorFlow's own INFO logs.")
   return parser.parse_args(argv)
