@@ -148,6 +148,21 @@ def _quick_models():
                 num_classes=2, budget_mib=2048),
       ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=256, optimizer='adam',
                 budget_mib=64),
+  ) + _style_models()
+
+
+def _style_models():
+  """One row per code style (models/styles), in quick and full mode alike."""
+  return (
+      ModelSpec('bert_style_mini_seq128', 'bert_style', batch_size=32,
+                optimizer='adam', seq_length=128, num_classes=2,
+                vocab_size=8192, budget_mib=2048),
+      ModelSpec('keras_style_64px', 'keras_style', batch_size=64,
+                optimizer='adam', image_size=64, num_classes=4,
+                budget_mib=1024),
+      ModelSpec('slim_style_64px', 'slim_style', batch_size=64,
+                optimizer='adam', image_size=64, num_classes=4,
+                budget_mib=1024),
   )
 
 
@@ -161,7 +176,7 @@ def _full_models():
                 num_classes=2, budget_mib=8192),
       ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=256, optimizer='adam',
                 budget_mib=256),
-  )
+  ) + _style_models()
 
 
 def quick_config():
@@ -171,7 +186,8 @@ def quick_config():
       # One-step windows for ResNet-50 (seconds per step here), interleaved
       # with the other variants' windows, rather than fewer, longer ones.
       window_steps=(('resnet50_224px', 1), ('bert_mini_seq128', 2),
-                    ('mnist_mlp', 40)),
+                    ('mnist_mlp', 40), ('bert_style_mini_seq128', 2),
+                    ('keras_style_64px', 4), ('slim_style_64px', 4)),
       warmup_steps=2, windows=4, max_search_measurements=0,
       overhead_windows=300,
       # ResNet-50's graph takes seconds to build, and this machine's noise
@@ -186,7 +202,8 @@ def full_config():
   return BenchmarkConfig(
       mode='full', models=_full_models(),
       window_steps=(('resnet50_224px', 2), ('bert_base_seq128', 2),
-                    ('mnist_mlp', 100)),
+                    ('mnist_mlp', 100), ('bert_style_mini_seq128', 4),
+                    ('keras_style_64px', 10), ('slim_style_64px', 10)),
       windows=7, max_search_measurements=4, overhead_windows=1000,
       build_overhead_calls=7, convergence_steps=(1000, 400),
       convergence_bert_preset='mini',

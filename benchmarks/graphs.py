@@ -18,6 +18,7 @@ pipelines.
 """
 
 import dataclasses
+import importlib
 from typing import Any, Callable, Optional
 
 import tensorflow as tf
@@ -71,6 +72,27 @@ def _mnist_mlp(spec):
   return lambda params: mnist.mnist_mlp(config)
 
 
+def _bert_style(spec):
+  """google-research/bert-style code (dtype-less get_variable), BERT-mini."""
+  from models.styles import bert_style  # pylint: disable=g-import-not-at-top
+  config = bert_style.BertStyleConfig(
+      vocab_size=spec.vocab_size, hidden_size=256, num_layers=4, num_heads=4,
+      intermediate_size=1024, max_positions=spec.seq_length)
+  return lambda params: bert_style.classifier_network(config,
+                                                      spec.num_classes)
+
+
+def _image_style(module_name):
+  """Keras-layers or tf-slim conv nets of models/styles, unmodified."""
+
+  def builder(spec):
+    del spec  # the style nets size themselves from their input
+    module = importlib.import_module('models.styles.' + module_name)
+    return lambda params: module.network
+
+  return builder
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
   """One style of model code the benchmark can train.
@@ -99,6 +121,12 @@ FAMILIES = {
     'resnet': Family(_resnet, inputs='image', channels=3),
     'bert': Family(_bert, inputs='tokens', clip_norm=1.0),
     'mnist_mlp': Family(_mnist_mlp, inputs='image', channels=1),
+    # Code styles users bring, left as their authors wrote them.
+    'bert_style': Family(_bert_style, inputs='tokens', clip_norm=1.0),
+    'keras_style': Family(_image_style('keras_style'), inputs='image',
+                          channels=3),
+    'slim_style': Family(_image_style('slim_style'), inputs='image',
+                         channels=3),
 }
 
 

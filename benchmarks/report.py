@@ -100,11 +100,12 @@ def comparison_table(results):
     return []
   keras = results.get('keras_mixed_bfloat16') or {}
   lines = [
-      '| model | batch | examples/s fp32 / ours / TF rewrite | throughput '
-      'ours/fp32 | TF rewrite/fp32 | **ours/TF rewrite** | peak step MiB '
-      'fp32 / ours / TF rewrite | memory ours/fp32 | TF rewrite/fp32 | '
-      '**ours/TF rewrite** | ours/Keras mixed_bfloat16 (throughput, memory) '
-      '|', '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+      '| model | batch | bf16 FLOP share (ours) | examples/s fp32 / ours / '
+      'TF rewrite | throughput ours/fp32 | TF rewrite/fp32 | **ours/TF '
+      'rewrite** | peak step MiB fp32 / ours / TF rewrite | memory ours/fp32 '
+      '| TF rewrite/fp32 | **ours/TF rewrite** | ours/Keras mixed_bfloat16 '
+      '(throughput, memory) |',
+      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
   for name, model in models.items():
     r = model['ratios']
     rates = ' / '.join(_fmt(model[v].get('examples_per_sec'), '%.1f')
@@ -115,9 +116,12 @@ def comparison_table(results):
     if keras.get('model') == name:
       versus_keras = '%s, %s' % (_fmt(keras['throughput_ratio']),
                                  _fmt(keras['memory_ratio']))
-    lines.append('| %s | %d | %s | %s | %s | **%s** | %s | %s | %s | **%s** '
-                 '| %s |' % (
-                     name, model['spec']['batch_size'], rates,
+    share = (model['bfloat16'].get('graph') or {}).get('bfloat16_flop_share')
+    lines.append('| %s | %d | %s | %s | %s | %s | **%s** | %s | %s | %s | '
+                 '**%s** | %s |' % (
+                     name, model['spec']['batch_size'],
+                     _fmt(share, '%.3f'),
+                     rates,
                      _fmt(r['throughput']), _fmt(r['rewrite_throughput']),
                      _fmt(r['throughput_vs_rewrite']), peaks,
                      _fmt(r['memory']), _fmt(r['rewrite_memory']),

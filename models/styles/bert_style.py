@@ -130,24 +130,36 @@ def encoder(features, config):
                     activation=tf.tanh)
 
 
+def classifier_network(config, num_classes=NUM_CLASSES):
+  """Returns network_fn(features, is_training) -> logits [B, num_classes].
+
+  The head as run_classifier writes it: `output_weights` read with
+  `tf.matmul(..., transpose_b=True)` plus `output_bias`.
+  """
+
+  def network_fn(features, is_training):
+    del is_training  # no dropout in this model
+    pooled = encoder(features, config)
+    output_weights = _weight('output_weights', [num_classes,
+                                                config.hidden_size], config)
+    output_bias = tf.compat.v1.get_variable(
+        'output_bias', [num_classes], initializer=tf.zeros_initializer())
+    return tf.nn.bias_add(
+        tf.matmul(pooled, output_weights, transpose_b=True), output_bias)
+
+  return network_fn
+
+
 def model_fn_builder(config=None, learning_rate=5e-3):
   """Returns a legacy model_fn, shaped like run_classifier's.
 
-  The head is BERT's: `output_weights` read with `tf.matmul(...,
-  transpose_b=True)`, log-softmax, and a loss summed against float32 one-hot
-  labels.
+  The loss is BERT's: log-softmax summed against float32 one-hot labels.
   """
-  config = config or BertStyleConfig()
+  network_fn = classifier_network(config or BertStyleConfig())
 
   def model_fn(features, labels, mode, params):
     del params
-    pooled = encoder(features, config)
-    output_weights = _weight('output_weights',
-                             [NUM_CLASSES, config.hidden_size], config)
-    output_bias = tf.compat.v1.get_variable(
-        'output_bias', [NUM_CLASSES], initializer=tf.zeros_initializer())
-    logits = tf.nn.bias_add(
-        tf.matmul(pooled, output_weights, transpose_b=True), output_bias)
+    logits = network_fn(features, mode == tf.estimator.ModeKeys.TRAIN)
     probabilities = tf.nn.softmax(logits, axis=-1)
     predictions = {'probabilities': probabilities,
                    'classes': tf.argmax(logits, axis=-1, output_type=tf.int32)}

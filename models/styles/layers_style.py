@@ -7,7 +7,7 @@ from models.styles import synthetic
 NUM_CLASSES = synthetic.IMAGE_CLASSES
 
 
-def _network(images, is_training):
+def network(images, is_training):
   """images float [B, 8, 8, 1] -> logits [B, NUM_CLASSES]."""
   layers = tf.compat.v1.layers
   net = layers.conv2d(images, 16, 3, padding='same', use_bias=False,
@@ -25,7 +25,7 @@ def _network(images, is_training):
 
 def model_fn_builder(learning_rate=3e-3):
   """Returns a legacy model_fn (features['image'] float32 [B, 8, 8, 1])."""
-  return synthetic.image_model_fn_builder(_network, learning_rate)
+  return synthetic.image_model_fn_builder(network, learning_rate)
 
 
 input_fn_builder = synthetic.image_input_fn_builder

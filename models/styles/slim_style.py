@@ -12,7 +12,7 @@ from models.styles import synthetic
 NUM_CLASSES = synthetic.IMAGE_CLASSES
 
 
-def _network(images, is_training):
+def network(images, is_training):
   """images float [B, 8, 8, 1] -> logits [B, NUM_CLASSES]."""
   with slim.arg_scope([slim.conv2d, slim.fully_connected],
                       normalizer_fn=slim.batch_norm,
@@ -29,7 +29,7 @@ def _network(images, is_training):
 
 def model_fn_builder(learning_rate=3e-3):
   """Returns a legacy model_fn (features['image'] float32 [B, 8, 8, 1])."""
-  return synthetic.image_model_fn_builder(_network, learning_rate)
+  return synthetic.image_model_fn_builder(network, learning_rate)
 
 
 input_fn_builder = synthetic.image_input_fn_builder
