@@ -33,6 +33,8 @@ from estimator_bf16.compat import inputs
 from estimator_bf16.compat import spec as spec_lib
 
 ModeKeys = spec_lib.ModeKeys
+# What tf.distribute's own sessions use when asked to save by time.
+_MULTI_WORKER_SAVE_STEPS = 1000
 
 
 def _default_session_config():
@@ -260,6 +262,10 @@ class Estimator(object):
 
     Returns:
       self, as tf.estimator does, so calls can be chained.
+
+    Raises:
+      distribute.WorkerFailure: under a multi-worker strategy, another task
+        failed or stopped answering (the message names it).
     """
     if steps is not None and max_steps is not None:
       raise ValueError('Give steps or max_steps, not both.')
@@ -272,6 +278,24 @@ class Estimator(object):
       return self
     strategy = self._config.train_distribute
     chief = strategy is None or distribute.is_chief(strategy)
+    scratch = None
+    if not chief:
+      # Every task of a multi-worker job must run the same session calls
+      # (collective ops are matched call by call), so the other workers
+      # run the chief's checkpoint and summary hooks too, writing into a
+      # throw-away directory: tf.distribute's own recipe.
+      scratch = tempfile.mkdtemp(prefix='estimator_bf16_%s_' % (
+          distribute.task_name(strategy).replace(':', '')))
+    try:
+      return self._train(input_fn, hooks, steps, max_steps,
+                         saving_listeners, strategy, chief, scratch)
+    finally:
+      if scratch:
+        tf.io.gfile.rmtree(scratch)
+
+  def _train(self, input_fn, hooks, steps, max_steps, saving_listeners,
+             strategy, chief, scratch):
+    """train() in the graph of one task; `scratch` is set off the chief."""
     with self._new_graph(strategy).as_default():
       global_step = tf.compat.v1.train.get_global_step()
       if strategy is None:
@@ -294,17 +318,22 @@ class Estimator(object):
       if every:
         all_hooks.append(tf.compat.v1.train.LoggingTensorHook(
             {'loss': spec.loss, 'step': global_step}, every_n_iter=every))
-      chief_hooks = list(spec.training_chief_hooks)
-      if not chief:
-        # Checkpoints and summaries come from the chief alone; the other
-        # workers hold the same variables (they restore its checkpoints).
-        chief_hooks = []
-        every = None
-      elif (config.save_checkpoints_steps or config.save_checkpoints_secs):
+      chief_hooks = list(spec.training_chief_hooks) if chief else []
+      save_steps = config.save_checkpoints_steps
+      save_secs = config.save_checkpoints_secs
+      if save_secs and strategy is not None and (
+          distribute.is_multi_worker(strategy)):
+        # Timers fire at different steps in different tasks; the saves
+        # must happen at the same step everywhere.
+        logging.warning('save_checkpoints_secs=%s: a multi-worker job saves '
+                        'by steps; saving every %d steps instead.',
+                        save_secs, _MULTI_WORKER_SAVE_STEPS)
+        save_steps, save_secs = _MULTI_WORKER_SAVE_STEPS, None
+      if save_steps or save_secs:
         chief_hooks.append(tf.compat.v1.train.CheckpointSaverHook(
-            self._model_dir, save_secs=config.save_checkpoints_secs,
-            save_steps=config.save_checkpoints_steps, scaffold=scaffold,
-            listeners=saving_listeners,
+            scratch or self._model_dir, save_secs=save_secs,
+            save_steps=save_steps, scaffold=scaffold,
+            listeners=saving_listeners if chief else None,
             save_graph_def=config.checkpoint_save_graph_def))
       elif saving_listeners:
         raise ValueError('saving_listeners need checkpoints: set '
@@ -320,11 +349,10 @@ class Estimator(object):
       try:
         with tf.compat.v1.train.MonitoredTrainingSession(
             master=target, is_chief=True,
-            checkpoint_dir=self._model_dir, scaffold=scaffold,
-            hooks=all_hooks, chief_only_hooks=chief_hooks,
+            checkpoint_dir=self._model_dir, summary_dir=scratch,
+            scaffold=scaffold, hooks=all_hooks, chief_only_hooks=chief_hooks,
             save_checkpoint_secs=None, save_checkpoint_steps=None,
-            save_summaries_steps=(
-                config.save_summary_steps if chief else None) or None,
+            save_summaries_steps=config.save_summary_steps or None,
             save_summaries_secs=None, config=session_config,
             log_step_count_steps=every or None,
             max_wait_secs=config.session_creation_timeout_secs) as session:
