@@ -7,9 +7,12 @@ r"""Runs one command as a local multi-worker job: one process per task.
 starts the command once per task (a chief and `--workers - 1` workers, plus
 an evaluator with `--evaluator`) with its own TF_CONFIG, on free ports of
 127.0.0.1. Every output line is prefixed with its task (`[worker:1] ...`).
-When one process fails, the others are stopped (SIGTERM, then SIGKILL after
-`--grace_secs`) and the launcher exits with the failed task's status,
-naming it. Success is status 0 once every process has exited with 0.
+When one process fails, the others are stopped and the launcher exits with
+the failed task's status, naming it: the others first get `--grace_secs` to stop on their own (a
+training task notices a lost peer within about a second, or within its
+collective timeout if the peer hangs, and exits naming it), then SIGTERM,
+then SIGKILL 5 s later. Success is status 0 once every process has exited
+with 0.
 
 On several hosts, start the command on each host yourself with a TF_CONFIG
 listing every host (docs/distribute.md); this launcher is for trying it on
@@ -30,6 +33,7 @@ from absl import flags
 from estimator_bf16 import cluster as cluster_lib
 
 _HOST = '127.0.0.1'
+_KILL_AFTER_SECS = 5.0
 
 
 def define_flags(flag_values=flags.FLAGS):
@@ -41,8 +45,9 @@ def define_flags(flag_values=flags.FLAGS):
                     'which evaluates each new checkpoint.',
                     flag_values=flag_values)
   flags.DEFINE_float('grace_secs', 10.0, 'After a failure, how long the '
-                     'other processes get to stop after SIGTERM before '
-                     'SIGKILL.', lower_bound=0.0, flag_values=flag_values)
+                     'other processes get to stop on their own before '
+                     'SIGTERM (SIGKILL follows 5 s later).', lower_bound=0.0,
+                     flag_values=flag_values)
 
 
 def free_ports(count, host=_HOST):
@@ -118,8 +123,8 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
     command: list of strings, the program and its arguments.
     workers: training processes (a chief plus workers - 1 workers).
     evaluator: also run an evaluator task.
-    grace_secs: seconds between SIGTERM and SIGKILL when stopping the others
-      after a failure.
+    grace_secs: after a failure, seconds the others get to exit on their
+      own before SIGTERM (SIGKILL follows `_KILL_AFTER_SECS` later).
     out: where the prefixed output goes (default sys.stdout).
     env: base environment (default os.environ); TF_CONFIG is set per task.
 
@@ -190,16 +195,25 @@ def _signal_group(process, sig):
     pass
 
 
-def _stop(processes, grace_secs):
-  """SIGTERM to every running task's process group, SIGKILL after grace."""
-  running = [p for p in processes.values() if p.poll() is None]
-  for process in running:
-    _signal_group(process, signal.SIGTERM)
-  deadline = time.monotonic() + grace_secs
-  for process in running:
+def _wait_all(processes, timeout):
+  deadline = time.monotonic() + timeout
+  for process in processes:
     try:
       process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+      pass
+
+
+def _stop(processes, grace_secs):
+  """Stops the running tasks: grace, SIGTERM, then SIGKILL."""
+  running = [p for p in processes.values() if p.poll() is None]
+  _wait_all(running, grace_secs)
+  running = [p for p in running if p.poll() is None]
+  for process in running:
+    _signal_group(process, signal.SIGTERM)
+  _wait_all(running, _KILL_AFTER_SECS)
+  for process in running:
+    if process.poll() is None:
       _signal_group(process, signal.SIGKILL)
       process.wait()
 

@@ -346,16 +346,23 @@ class Estimator(object):
       # chief's) or, on a fresh start, initializes: a multi-worker strategy
       # broadcasts the chief's initial values. So each opens its session
       # as a "chief" of its own variables.
-      try:
-        with tf.compat.v1.train.MonitoredTrainingSession(
+      if strategy is not None and distribute.is_multi_worker(strategy):
+        session = _multi_worker_session(
+            target, self._model_dir, scratch or self._model_dir, scaffold,
+            all_hooks + chief_hooks, session_config, every,
+            config.save_summary_steps)
+      else:
+        session = tf.compat.v1.train.MonitoredTrainingSession(
             master=target, is_chief=True,
-            checkpoint_dir=self._model_dir, summary_dir=scratch,
-            scaffold=scaffold, hooks=all_hooks, chief_only_hooks=chief_hooks,
+            checkpoint_dir=self._model_dir, scaffold=scaffold,
+            hooks=all_hooks, chief_only_hooks=chief_hooks,
             save_checkpoint_secs=None, save_checkpoint_steps=None,
             save_summaries_steps=config.save_summary_steps or None,
             save_summaries_secs=None, config=session_config,
             log_step_count_steps=every or None,
-            max_wait_secs=config.session_creation_timeout_secs) as session:
+            max_wait_secs=config.session_creation_timeout_secs)
+      try:
+        with session:
           while not session.should_stop():
             session.run([spec.train_op, spec.loss])
       except tf.errors.OpError as e:
@@ -571,6 +578,36 @@ class Estimator(object):
 
   # The TF 1.x spelling, still used by older programs.
   export_savedmodel = export_saved_model
+
+
+def _multi_worker_session(target, model_dir, summary_dir, scaffold, hooks,
+                          config, log_every, summary_every):
+  """The training session of one task of a multi-worker job.
+
+  Not MonitoredTrainingSession: it treats a lost peer (UnavailableError) as
+  a preemption and recreates the session forever, while a job whose task
+  died must stop (and be restarted as a whole). Every task restores the
+  newest checkpoint of `model_dir` (the chief's), or initializes, in which
+  case the strategy broadcasts the chief's initial values.
+
+  Args:
+    target: this task's gRPC server target.
+    model_dir: where the chief's checkpoints are.
+    summary_dir: model_dir on the chief, a scratch directory elsewhere.
+    scaffold, hooks, config: as for a MonitoredSession.
+    log_every, summary_every: steps between step-rate logs / summaries
+      (None or 0: none).
+  """
+  hooks = list(hooks)
+  if log_every:
+    hooks.append(tf.compat.v1.train.StepCounterHook(
+        output_dir=summary_dir, every_n_steps=log_every))
+  if summary_every:
+    hooks.append(tf.compat.v1.train.SummarySaverHook(
+        scaffold=scaffold, save_steps=summary_every, output_dir=summary_dir))
+  return tf.compat.v1.train.SingularMonitoredSession(
+      hooks=hooks, scaffold=scaffold, master=target, config=config,
+      checkpoint_dir=model_dir)
 
 
 def _timestamped_dir(base):
