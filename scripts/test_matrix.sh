@@ -32,6 +32,7 @@ TF_LATEST_DEFAULT=(
   tests/test_audit.py tests/test_wrappers.py tests/test_adafactor.py
   tests/test_estimator.py tests/test_tf_check.py tests/test_compat_backend.py
   tests/test_resnet.py tests/test_bert.py tests/test_train_cli.py
+  tests/test_distribute.py tests/test_multi_worker.py
 )
 TF_LATEST_DESELECT=()
 

@@ -7,10 +7,9 @@ the two set-ups, each replica's graph really computes in bfloat16, and bad
 strategies, batches and TF_CONFIGs fail before any graph is built.
 """
 
-import glob
 import json
 import os
-import tempfile
+from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -19,6 +18,8 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16 import cluster
 from estimator_bf16.compat import distribute
+from models import training
+from tests import isolated_cache
 
 _FEATURES = 12
 _CLASSES = 4
@@ -32,6 +33,17 @@ _STEPS = 6
 # 1e-7). Replicas that each get the whole batch setting instead of their
 # share, or a sum instead of a mean over replicas, differ by about 7e-2.
 _TOLERANCE = {'float32': 1e-5, 'bfloat16': 1e-2}
+
+
+_CACHE = isolated_cache.IsolatedCache()
+
+
+def setUpModule():
+  _CACHE.start()
+
+
+def tearDownModule():
+  _CACHE.stop()
 
 
 def _data():
@@ -297,6 +309,51 @@ class TFConfigTest(tf.test.TestCase, parameterized.TestCase):
                   str(failure))
     self.assertIsNone(distribute.explain(
         tf.errors.InvalidArgumentError(None, None, 'bad shape'), strategy))
+
+
+class CliTest(tf.test.TestCase):
+  """--distribute and --cpu_devices of the training CLI (models.training)."""
+
+  def _options(self, **kwargs):
+    values = dict(model='mnist_mlp', model_dir=os.path.join(
+        self.get_temp_dir(), 'cli'), precision='bfloat16', train_steps=8,
+        train_batch_size=32, eval_batch_size=40, eval_steps=2)
+    values.update(kwargs)
+    return training.TrainOptions(**values)
+
+  def test_mirrored_run_trains_evaluates_and_exports(self):
+    options = self._options(distribute='mirrored', cpu_devices=2)
+    result = training.run(options)
+    self.assertEqual(8, result['global_step'])
+    self.assertEqual(8, result['eval']['global_step'])
+    self.assertTrue(os.path.isdir(result['export_dir']))
+    reader = tf.train.load_checkpoint(options.model_dir)
+    dtypes = reader.get_variable_to_dtype_map()
+    self.assertEqual({tf.float32}, {dtypes[name] for name in dtypes
+                                    if name.startswith('mnist_mlp/')})
+
+  def test_bad_distribute_options_name_the_flag(self):
+    cases = [
+        (dict(cpu_devices=2), '--cpu_devices: needs --distribute=mirrored'),
+        (dict(distribute='mirrored', cpu_devices=2, train_batch_size=33),
+         '--train_batch_size: 33 is not divisible by the 2 replicas'),
+        (dict(distribute='mirrored', use_tpu=True, tpu='local'),
+         '--distribute: is for CPUs and GPUs'),
+        (dict(distribute='multi_worker', cpu_devices=2),
+         '--cpu_devices: needs --distribute=mirrored'),
+    ]
+    for kwargs, message in cases:
+      with self.assertRaisesRegex(training.OptionError, message):
+        training.prepare(self._options(**kwargs))
+    text = json.dumps({'cluster': {'worker': ['127.0.0.1:1']},
+                       'task': {'type': 'worker', 'index': 0}})
+    with mock.patch.dict(os.environ, {'TF_CONFIG': text}):
+      with self.assertRaisesRegex(training.OptionError,
+                                  '--distribute=multi_worker: TF_CONFIG: '
+                                  'needs exactly one "chief"'):
+        training.prepare(self._options(distribute='multi_worker'))
+    self.assertFalse(os.path.exists(os.path.join(self.get_temp_dir(),
+                                                 'cli')))
 
 
 if __name__ == '__main__':
