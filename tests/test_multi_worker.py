@@ -54,20 +54,22 @@ def _command(model_dir, steps=_STEPS, extra=()):
           '--worker_timeout_secs=%d' % _WORKER_TIMEOUT_SECS] + list(extra)
 
 
-def _launch(command, workers=2):
+def _launch(command, workers=2, evaluator=False):
   """Starts the launcher; returns the Popen with merged text output."""
   env = dict(os.environ, PYTHONPATH=_REPO)
   return subprocess.Popen(
       [sys.executable, '-m', 'estimator_bf16.launch',
-       '--workers=%d' % workers, '--'] + command,
+       '--workers=%d' % workers, '--evaluator=%s' % evaluator, '--'] +
+      command,
       cwd=_REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)
 
 
-def _chief_result(output):
-  """The JSON the chief printed at the end (lines prefixed [chief:0])."""
-  lines = [line[len('[chief:0] '):] for line in output.splitlines()
-           if line.startswith('[chief:0] ')]
+def _chief_result(output, task='chief:0'):
+  """The JSON a task printed at the end (lines prefixed with the task)."""
+  prefix = '[%s] ' % task
+  lines = [line[len(prefix):] for line in output.splitlines()
+           if line.startswith(prefix)]
   start = max(i for i, line in enumerate(lines) if line == '{')
   end = start + lines[start:].index('}')
   return json.loads('\n'.join(lines[start:end + 1]))
@@ -87,10 +89,18 @@ class MultiWorkerTest(tf.test.TestCase):
 
   def test_two_workers_reach_single_process_accuracy(self):
     root = self.get_temp_dir()
-    process = _launch(_command(os.path.join(root, 'two')))
+    process = _launch(_command(os.path.join(root, 'two'),
+                               extra=['--save_checkpoints_steps=100']),
+                      evaluator=True)
     output, _ = process.communicate(timeout=600)
     self.assertEqual(0, process.returncode, output[-3000:])
-    self.assertIn('[launch] all 2 tasks finished.', output)
+    self.assertIn('[launch] all 3 tasks finished.', output)
+    # The evaluator evaluated checkpoints as they came (it may skip one
+    # that a newer one replaced before it looked), the last one included.
+    self.assertTrue(os.path.isdir(os.path.join(root, 'two',
+                                               'eval_evaluator')))
+    self.assertEqual(_STEPS, _chief_result(output, 'evaluator:0')['eval'][
+        'global_step'])
     # Each task ran in its own process with its own TF_CONFIG task.
     self.assertIn('2 replicas, task chief:0', output)
     self.assertIn('2 replicas, task worker:0', output)
