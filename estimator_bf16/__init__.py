@@ -34,6 +34,7 @@ from estimator_bf16.planner import memory_plan
 from estimator_bf16.precision import PRECISIONS
 from estimator_bf16.precision import compute_dtype
 from estimator_bf16.scope import bfloat16_scope
+from estimator_bf16.strategies import make_strategy
 from estimator_bf16.wrappers import build_network
 from estimator_bf16.wrappers import wrap_input_fn
 from estimator_bf16.wrappers import wrap_model_fn
@@ -62,6 +63,7 @@ __all__ = [
     'float32_ops',
     'guard_model_fn',
     'keep_float32',
+    'make_strategy',
     'make_tpu_estimator',
     'memory_plan',
     'native_bfloat16',

@@ -5,6 +5,12 @@ Two backends build it. On TensorFlow 2.15, `'tf_estimator'`: the real
 touches `tf.compat.v1.estimator`). On 2.16+, `'compat'`:
 `estimator_bf16.compat.TPUEstimator`, the same API on the CPU/GPU. The
 precision logic (wrappers) is the same for both.
+
+With `distribute=STRATEGY` (data parallel on GPUs, logical CPUs or hosts)
+both TensorFlow versions use the compat backend: TensorFlow 2.15's own
+Estimator fails with MirroredStrategy and MultiWorkerMirroredStrategy
+(tensorflow#26207, #46556), while the compat backend runs them in graph mode
+on 2.15 and on 2.16+ alike (docs/distribute.md).
 """
 
 import types
@@ -17,6 +23,7 @@ from estimator_bf16 import cpu
 from estimator_bf16 import guards
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import wrappers
+from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.compat import tpu_estimator as compat_tpu
 
 _RESERVED_PARAMS = ('batch_size', 'use_tpu', 'context')
@@ -34,10 +41,12 @@ _COMPAT_TPU = types.SimpleNamespace(
     TPUConfig=compat.TPUConfig, InputPipelineConfig=compat.InputPipelineConfig)
 
 
-def _tpu_module(backend):
+def _tpu_module(backend, distribute=None):
   """The module holding TPUEstimator, RunConfig, TPUConfig for `backend`."""
   if backend == 'auto':
-    backend = _DEFAULT_BACKEND
+    # Strategies run on the compat backend on every TensorFlow version.
+    backend = (_tf_check.COMPAT_BACKEND if distribute is not None
+               else _DEFAULT_BACKEND)
   if backend not in BACKENDS:
     raise ValueError('backend must be one of %s, got %r.' % (
         ', '.join(repr(b) for b in ('auto',) + BACKENDS), backend))
@@ -47,6 +56,12 @@ def _tpu_module(backend):
           "backend='tf_estimator' needs TensorFlow 2.15 (found %s): "
           'tf.estimator was removed in 2.16. Use the default backend.' %
           tf.__version__)
+    if distribute is not None:
+      raise ValueError(
+          "distribute=... needs backend='auto' or 'compat': TensorFlow "
+          "2.15's Estimator fails with MirroredStrategy and "
+          'MultiWorkerMirroredStrategy (tensorflow#26207, #46556); the '
+          'compat backend runs them on TensorFlow 2.15 too.')
     return backend, _TF_ESTIMATOR_TPU
   return backend, _COMPAT_TPU
 
@@ -81,7 +96,7 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
                        log_step_count_steps=100, tf_random_seed=None,
                        audit='strict', exclude=(), session_config=None,
                        eval_on_tpu=True, backend='auto',
-                       numeric_guard=False):
+                       numeric_guard=False, distribute=None):
   """Builds a `TPUEstimator` that runs `model_fn` in `precision`.
 
   Args:
@@ -89,7 +104,9 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     model_dir: checkpoints and summaries go here (a `gs://` path on TPUs).
     precision: `'float32'` or `'bfloat16'`; also given to model_fn and
       input_fn as `params['precision']`.
-    train_batch_size: global training batch (all cores together).
+    train_batch_size: global training batch (all cores, or all replicas of
+      `distribute`, together). model_fn and input_fn get the per-core (TPU)
+      or per-replica (`distribute`) share as `params['batch_size']`.
     use_tpu: False runs locally on the CPU, with the same model_fn.
     tpu: TPU name or gRPC address (or 'local' on a TPU VM); needed with
       `use_tpu`. The cluster resolver is only created when `use_tpu`.
@@ -113,6 +130,16 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     numeric_guard: stop training with `guards.NumericGuardError` (naming the
       step and the tensor) when the loss or a gradient is NaN/Inf, before
       that step's update is applied (see `estimator_bf16.guards`).
+    distribute: None, or a `tf.distribute.MirroredStrategy` (local GPUs or
+      logical CPUs) or `MultiWorkerMirroredStrategy` (hosts, TF_CONFIG),
+      e.g. from `eb.make_strategy`; needs `use_tpu=False`. Training is then
+      data parallel: input_fn runs once per worker (it may take an
+      `input_context` argument to shard by worker), model_fn once per
+      replica in `precision`, gradients are all-reduced in float32, and
+      only the chief writes checkpoints and summaries. Evaluation uses a
+      MirroredStrategy too (eval batch per replica likewise); with a
+      multi-worker strategy it runs on one device. Predict and export run
+      on one device. Uses the compat backend on every TensorFlow version.
 
   Returns:
     A `tf.compat.v1.estimator.tpu.TPUEstimator`, or an
@@ -122,10 +149,16 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     ValueError: bad precision, audit, batch sizes, reserved params, a
       missing `tpu` with `use_tpu`, batches not divisible by the replicas,
       an unknown backend, or `use_tpu` with the compat backend (TPUs run
-      TensorFlow 2.15).
+      TensorFlow 2.15), a strategy with `use_tpu` or with
+      `backend='tf_estimator'`, or batches not divisible by its replicas.
   """
   precision_lib.check_precision(precision)
-  backend, tpu_lib = _tpu_module(backend)
+  distribute = compat_distribute.check_strategy(distribute, 'distribute')
+  if distribute is not None and use_tpu:
+    raise ValueError('distribute=... is for CPUs and GPUs; a TPU runs data '
+                     'parallel through TPUEstimator itself (use_tpu=True, '
+                     'num_shards), without a strategy.')
+  backend, tpu_lib = _tpu_module(backend, distribute)
   _positive_int('train_batch_size', train_batch_size)
   _positive_int('eval_batch_size', eval_batch_size, allow_none=True)
   _positive_int('predict_batch_size', predict_batch_size, allow_none=True)
@@ -151,6 +184,14 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       'train_batch_size': train_batch_size,
       'eval_batch_size': eval_batch_size,
       'predict_batch_size': predict_batch_size})
+  eval_distribute = None
+  if distribute is not None:
+    compat_distribute.per_replica_batch(train_batch_size, distribute,
+                                        'train_batch_size')
+    if not compat_distribute.is_multi_worker(distribute):
+      eval_distribute = distribute
+      compat_distribute.per_replica_batch(eval_batch_size, distribute,
+                                          'eval_batch_size')
   if use_tpu and backend == _tf_check.COMPAT_BACKEND:
     # After the argument checks (they hold whatever runs the job), before
     # any TPU resolver is built: fail with the way out.
@@ -171,8 +212,12 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       per_host_input_for_training=(
           tpu_lib.InputPipelineConfig.PER_HOST_V2 if use_tpu
           else tpu_lib.InputPipelineConfig.PER_HOST_V1))
+  distribute_args = {}
+  if distribute is not None:
+    distribute_args = dict(train_distribute=distribute,
+                           eval_distribute=eval_distribute)
   config = tpu_lib.RunConfig(
-      cluster=cluster,
+      cluster=cluster, **distribute_args,
       model_dir=model_dir,
       save_checkpoints_steps=save_checkpoints_steps,
       save_checkpoints_secs=save_checkpoints_secs,

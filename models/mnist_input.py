@@ -116,21 +116,29 @@ def mnist_input_fn_builder(file_pattern, *, is_training, image_size=28,
     skipped: a `records.SkippedFiles` recording what was skipped, or None.
 
   Returns:
-    `input_fn(params)` returning a `tf.data.Dataset` of (features, labels):
+    `input_fn(params, input_context=None)` returning a `tf.data.Dataset` of
+    (features, labels), sharded by worker when a distribution strategy
+    passes a `tf.distribute.InputContext`:
     features {'image': [B, image_size, image_size, 1]} in the dtype of
     `params.get('precision', 'float32')`, labels [B] int32, with
-    B = `params['batch_size']` (the batch TPUEstimator hands each shard).
+    B = `params['batch_size']` (the batch TPUEstimator hands each shard,
+    or each replica of a strategy).
     Batches are full (`drop_remainder`) because TPUs need static shapes.
 
   Raises:
     records.InputError: no file matches, or the files are empty.
   """
 
-  def input_fn(params):
+  def input_fn(params, input_context=None):
     batch_size = params['batch_size']
     dtype = eb.compute_dtype(params.get('precision', 'float32'))
     dataset = records.read_records(file_pattern, skip_corrupt=skip_corrupt,
                                    skipped=skipped)
+    if input_context is not None and input_context.num_input_pipelines > 1:
+      # Each worker of a multi-worker run reads its own share of the
+      # records, so the replicas see different examples.
+      dataset = dataset.shard(input_context.num_input_pipelines,
+                              input_context.input_pipeline_id)
     # MNIST-size data fits in memory; caching skips re-reading per epoch.
     dataset = dataset.cache()
     if is_training:

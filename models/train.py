@@ -9,6 +9,12 @@ On a Cloud TPU add --use_tpu --tpu=NAME and a gs:// --model_dir/--data_dir;
 the code is the same. The loop lives in `models/training.py`; the per-model
 defaults of unset flags in `models/registry.py` (`DEFAULTS`).
 
+Data parallel: --distribute=mirrored uses the local GPUs (or, with
+--cpu_devices=N, N logical CPU devices); --distribute=multi_worker runs one
+process per host, described by TF_CONFIG (`python -m estimator_bf16.launch
+--workers=2 -- python -m models.train ...` writes it on one machine). See
+docs/distribute.md.
+
 Rerunning the same command resumes from the last checkpoint. On SIGTERM the
 run writes a checkpoint and exits with status 143; bad data, a NaN/Inf
 (with --numeric_guard, the default) or an unusable --model_dir exit with
@@ -24,6 +30,7 @@ from absl import app
 from absl import flags
 
 import estimator_bf16 as eb
+from estimator_bf16 import strategies
 from models import bert
 from models import optimization
 from models import registry
@@ -66,6 +73,17 @@ def define_flags(flag_values=flags.FLAGS):
   string('gcp_project', None, 'GCP project of the TPU.')
   integer('iterations_per_loop', 100, 'Steps per TPU loop.')
   integer('num_shards', None, 'TPU cores (8 on a v2-8 or v3-8).')
+  flags.DEFINE_enum('distribute', None, strategies.KINDS,
+                    'Data parallelism on CPUs/GPUs: mirrored (this '
+                    "process's devices) or multi_worker (hosts, TF_CONFIG); "
+                    'unset: one device.', flag_values=f)
+  integer('cpu_devices', None, 'With --distribute=mirrored: split the CPU '
+          'into N logical devices (to try replicas without GPUs).')
+  flags.DEFINE_float('worker_timeout_secs',
+                     strategies.DEFAULT_TIMEOUT_SECONDS,
+                     'With --distribute=multi_worker: a task that waits this '
+                     'long for another fails, naming it.', lower_bound=1.0,
+                     flag_values=f)
   flags.DEFINE_enum('optimizer', None, optimization.OPTIMIZERS,
                     'Optimizer; unset: the model default.', flag_values=f)
   flags.DEFINE_float('learning_rate', None, 'Peak learning rate.',

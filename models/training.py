@@ -16,8 +16,11 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16 import activation_stats
+from estimator_bf16 import cluster
 from estimator_bf16 import guards
 from estimator_bf16 import recovery
+from estimator_bf16 import strategies
+from estimator_bf16.compat import distribute as compat_distribute
 from models import bert
 from models import optimization
 from models import preflight
@@ -32,7 +35,9 @@ _GENERATED = ('synthetic',)
 # What stops a run with a message rather than a traceback (the CLI prints it
 # and exits with status 1).
 FAILURES = (records.InputError, guards.NumericGuardError,
-            recovery.CheckpointError)
+            recovery.CheckpointError, compat_distribute.WorkerFailure)
+# How long the evaluator task waits for the chief's next checkpoint.
+_EVALUATOR_WAIT_SECS = 600
 
 
 class OptionError(ValueError):
@@ -84,6 +89,9 @@ class TrainOptions:
   numeric_guard: bool = True  # stop on a NaN/Inf loss or gradient
   skip_corrupt_records: bool = False  # skip and count damaged TFRecords
   activation_stats_steps: int = 0  # 0: off; N: bfloat16 ranges every N
+  distribute: Optional[str] = None  # None, 'mirrored' or 'multi_worker'
+  cpu_devices: Optional[int] = None  # mirrored on N logical CPU devices
+  worker_timeout_secs: float = strategies.DEFAULT_TIMEOUT_SECONDS
 
 
 def _check(condition, flag, message, *args):
@@ -178,6 +186,51 @@ def _check_shards(options):
            batch, shards)
 
 
+def _replicas(options, environ=None):
+  """Replicas in sync under --distribute (1 without), checking TF_CONFIG.
+
+  Returns:
+    (replicas, task): task is the `cluster.Cluster` of a multi-worker run,
+    else None.
+  """
+  _check(options.distribute in (None,) + strategies.KINDS, '--distribute',
+         'must be one of %s, got %r.', ', '.join(strategies.KINDS),
+         options.distribute)
+  if options.distribute is None:
+    _check(options.cpu_devices is None, '--cpu_devices',
+           'needs --distribute=mirrored.')
+    return 1, None
+  _check(not options.use_tpu, '--distribute', 'is for CPUs and GPUs; on a '
+         'TPU, --use_tpu already trains data parallel on --num_shards cores.')
+  gpus = len(tf.config.list_physical_devices('GPU'))
+  if options.distribute == 'mirrored':
+    return options.cpu_devices or gpus or 1, None
+  _check(options.cpu_devices is None, '--cpu_devices', 'needs '
+         '--distribute=mirrored; multi_worker runs one replica per process '
+         'on a CPU.')
+  _check(options.worker_timeout_secs > 0, '--worker_timeout_secs',
+         'must be > 0, got %r.', options.worker_timeout_secs)
+  try:
+    task = cluster.read_tf_config(environ)
+  except cluster.ClusterError as e:
+    raise OptionError('--distribute=multi_worker', str(e)) from e
+  return task.num_workers * (gpus or 1), task
+
+
+def _check_replicas(options):
+  replicas, _ = _replicas(options)
+  if replicas == 1:
+    return
+  # Evaluation is data parallel only on the devices of one process.
+  names = ('train_batch_size',) + (
+      ('eval_batch_size',) if options.distribute == 'mirrored' else ())
+  for name in names:
+    batch = getattr(options, name)
+    _check(batch % replicas == 0, '--' + name, '%d is not divisible by the '
+           '%d replicas of --distribute=%s: every replica gets the same '
+           'share.', batch, replicas, options.distribute)
+
+
 def _check_eval_steps(options):
   if options.eval_steps is not None:
     return options
@@ -231,6 +284,8 @@ def prepare(options):
   _check_data(options)
   _check_model_sizes(options)
   _check_shards(options)
+  _positive(options, 'cpu_devices')
+  _check_replicas(options)
   return _check_eval_steps(options)
 
 
@@ -284,7 +339,7 @@ def _as_python(metrics):
           for key, value in metrics.items()}
 
 
-def _check_before_training(options, model):
+def _check_before_training(options, model, replicas=1):
   """Fails on an unwritable model_dir or unreadable data, writing nothing."""
   try:
     preflight.check_model_dir(options.model_dir)
@@ -292,7 +347,7 @@ def _check_before_training(options, model):
     raise OptionError('--model_dir', str(e)) from e
   if options.dataset in _GENERATED:
     return
-  shards = (options.num_shards or _TPU_CORES) if options.use_tpu else 1
+  shards = (options.num_shards or _TPU_CORES) if options.use_tpu else replicas
 
   def params(batch):
     return {'batch_size': batch // shards, 'precision': options.precision}
@@ -323,6 +378,11 @@ def run(options, hooks=()):
   checkpoint, and `run` returns at once with 'preempted' set (no eval, no
   export): run it again to go on.
 
+  With `options.distribute` training is data parallel (docs/distribute.md).
+  In a multi-worker run (TF_CONFIG) the chief checks model_dir, writes the
+  checkpoints, evaluates and exports; a worker trains only ('eval' None);
+  the evaluator task evaluates each new checkpoint instead of training.
+
   Args:
     options: a `TrainOptions` (checked by `prepare` first).
     hooks: extra training `SessionRunHook`s, e.g. a `PeakMemoryHook`.
@@ -346,13 +406,28 @@ def run(options, hooks=()):
       and the tensors; that step's update was not applied.
     recovery.CheckpointError: model_dir holds only unreadable checkpoints,
       or the checkpoint of a different model.
+    compat_distribute.WorkerFailure: another task of a multi-worker run
+      failed or stopped answering (named in the message).
   """
   options = prepare(options)
+  replicas, task = _replicas(options)
   model = registry.build(options)
-  _check_before_training(options, model)
-  recovery.ensure_restorable(options.model_dir)
-  logging.info('Training %s in %s on %s: %s', options.model,
-               options.precision, options.dataset, model.config)
+  if task is not None and task.task_type == cluster.EVALUATOR:
+    return _evaluate_checkpoints(options, model)
+  chief = task is None or task.is_chief
+  strategy = None
+  if options.distribute:
+    strategy = strategies.make_strategy(
+        options.distribute, cpu_devices=options.cpu_devices,
+        timeout_seconds=options.worker_timeout_secs)
+  if chief:
+    # model_dir belongs to the chief: the others only read its checkpoints.
+    _check_before_training(options, model, replicas)
+    recovery.ensure_restorable(options.model_dir)
+  logging.info('Training %s in %s on %s (%s): %s', options.model,
+               options.precision, options.dataset,
+               '%d replicas, task %s' % (replicas, task.name if task else
+                                         'chief:0'), model.config)
   # On a CPU each session.run is one step; TPUEstimator would still divide
   # its logging interval by iterations_per_loop and log (and write
   # examples/sec summaries) every step.
@@ -370,7 +445,7 @@ def run(options, hooks=()):
       save_checkpoints_steps=options.save_checkpoints_steps,
       keep_checkpoint_max=options.keep_checkpoint_max,
       log_step_count_steps=options.log_every_steps,
-      tf_random_seed=options.seed)
+      tf_random_seed=options.seed, distribute=strategy)
   throughput = ThroughputHook(options.train_batch_size,
                               options.log_every_steps)
   stopper = recovery.stop_on_sigterm(steps_per_run)
@@ -389,7 +464,8 @@ def run(options, hooks=()):
       estimator.train(model.train_input_fn, max_steps=options.train_steps,
                       hooks=train_hooks + list(hooks))
     except tf.errors.OpError as e:
-      explained = _explained(e, 'the training data', stopper.step)
+      explained = (strategy and compat_distribute.explain(e, strategy)) or (
+          _explained(e, 'the training data', stopper.step))
       if explained is None:
         raise
       raise explained from e
@@ -410,6 +486,10 @@ def run(options, hooks=()):
     logging.warning('Preempted at global step %d; the checkpoint is '
                     'written. Run the same command again to resume.',
                     global_step)
+    return result
+  if not chief:
+    # The chief evaluates and exports; it may still be writing the final
+    # checkpoint, so global_step above can lag behind.
     return result
   if global_step < options.train_steps:
     # Only an input that ends can stop training early without an error.
@@ -439,3 +519,42 @@ def run(options, hooks=()):
     result['export_dir'] = (export_dir.decode()
                             if isinstance(export_dir, bytes) else export_dir)
   return result
+
+
+def _evaluate_checkpoints(options, model):
+  """The evaluator task: evaluates each new checkpoint until the last one.
+
+  Returns:
+    `run`'s result dict, with 'eval' holding the metrics of the checkpoint
+    at --train_steps and 'evaluated_steps' the global steps evaluated.
+
+  Raises:
+    compat_distribute.WorkerFailure: no checkpoint at --train_steps
+      arrived within `_EVALUATOR_WAIT_SECS` of the previous one.
+  """
+  estimator = eb.make_tpu_estimator(
+      model.model_fn, model_dir=options.model_dir, audit='off',
+      precision=options.precision, train_batch_size=options.train_batch_size,
+      eval_batch_size=options.eval_batch_size,
+      log_step_count_steps=options.log_every_steps,
+      tf_random_seed=options.seed)
+  result = {'options': dataclasses.asdict(options), 'train_seconds': 0.0,
+            'examples_per_sec': None, 'eval': None, 'export_dir': None,
+            'preempted': False, 'global_step': None,
+            'activation_stats': None, 'skipped_files': None,
+            'evaluated_steps': []}
+  for path in tf.train.checkpoints_iterator(
+      options.model_dir, min_interval_secs=1,
+      timeout=_EVALUATOR_WAIT_SECS):
+    metrics = _as_python(estimator.evaluate(
+        model.eval_input_fn, steps=options.eval_steps, checkpoint_path=path,
+        name='evaluator'))
+    logging.info('Evaluator: %s -> %s', path, metrics)
+    result['evaluated_steps'].append(metrics['global_step'])
+    result['eval'], result['global_step'] = metrics, metrics['global_step']
+    if metrics['global_step'] >= options.train_steps:
+      return result
+  raise compat_distribute.WorkerFailure(
+      'Task evaluator:0 stopped: no checkpoint at --train_steps=%d arrived '
+      'in %s within %d s of the previous one; did the chief stop?' % (
+          options.train_steps, options.model_dir, _EVALUATOR_WAIT_SECS))

@@ -33,7 +33,7 @@ TF_LATEST_DEFAULT=(
   tests/test_estimator.py tests/test_tf_check.py tests/test_compat_backend.py
   tests/test_resnet.py tests/test_bert.py tests/test_train_cli.py
   tests/test_runner.py tests/test_autocast.py tests/test_styles.py
-  tests/test_cpu.py
+  tests/test_cpu.py tests/test_distribute.py tests/test_multi_worker.py
 )
 TF_LATEST_DESELECT=()
 

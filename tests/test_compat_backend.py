@@ -213,8 +213,11 @@ class SpecAndConfigTest(tf.test.TestCase):
     self.assertEqual(replaced.model_dir, 'm')
     with self.assertRaisesRegex(ValueError, 'at most one'):
       compat.RunConfig(save_checkpoints_steps=5, save_checkpoints_secs=5)
-    with self.assertRaisesRegex(NotImplementedError, 'train_distribute'):
+    with self.assertRaisesRegex(ValueError,
+                                'train_distribute=object is not supported'):
       compat.RunConfig(train_distribute=object())
+    with self.assertRaisesRegex(NotImplementedError, 'device_fn'):
+      compat.RunConfig(device_fn=lambda op: '/cpu:0')
 
   def test_spec_checks(self):
     with tf.Graph().as_default():

@@ -15,6 +15,8 @@ import re
 
 import tensorflow as tf
 
+from estimator_bf16.compat import distribute
+
 # Sentinel for "not given", so that an explicit None (switch checkpointing
 # off) differs from leaving the argument out (RunConfig's 600 s default).
 _USE_DEFAULT = object()
@@ -96,13 +98,22 @@ class TPUConfig(collections.namedtuple(
 
 
 def _check_off(name, value):
-  """Distribution/cluster options: this backend runs one local process."""
+  """Cluster options that this backend has no use for."""
   if value is not None:
     raise NotImplementedError(
-        'RunConfig(%s=...) is not supported by the TensorFlow 2.16+ backend '
-        'of estimator_bf16, which trains in one process on the local CPU/GPU. '
-        'Leave it unset, or run on TensorFlow 2.15 with the real Estimator.'
-        % name)
+        'RunConfig(%s=...) is not supported by the compat backend of '
+        'estimator_bf16. Leave it unset; for several devices or hosts pass '
+        'a tf.distribute strategy as train_distribute.' % name)
+
+
+def _check_eval_distribute(strategy):
+  strategy = distribute.check_strategy(strategy, 'eval_distribute')
+  if strategy is not None and distribute.is_multi_worker(strategy):
+    raise ValueError(
+        'eval_distribute=%s: evaluation runs in one process (the chief, or '
+        'the evaluator task); give it a MirroredStrategy over its local '
+        'devices or leave it unset.' % type(strategy).__name__)
+  return strategy
 
 
 def _checkpoint_schedule(steps, secs):
@@ -128,8 +139,12 @@ class RunConfig(object):
   if neither is given; both None switches periodic checkpoints off, the final
   one included), `session_config` (`tf.compat.v1.ConfigProto` or None),
   `keep_checkpoint_max` (5), `keep_checkpoint_every_n_hours`,
-  `log_step_count_steps` (100), plus the single-process cluster answers
-  (`is_chief` True, `num_worker_replicas` 1, `task_type` 'worker', ...).
+  `log_step_count_steps` (100), `train_distribute` / `eval_distribute`
+  (a `tf.distribute.MirroredStrategy` or, for training only,
+  `MultiWorkerMirroredStrategy`; see docs/distribute.md), plus the cluster
+  answers, read from the training strategy (`is_chief`,
+  `num_worker_replicas`, `task_type`, `task_id`; one process: True, 1,
+  'worker', 0).
   """
 
   def __init__(self, model_dir=None, tf_random_seed=None,
@@ -143,11 +158,12 @@ class RunConfig(object):
                experimental_max_worker_delay_secs=None,
                session_creation_timeout_secs=7200,
                checkpoint_save_graph_def=True):
-    for name, value in (('train_distribute', train_distribute),
-                        ('eval_distribute', eval_distribute),
-                        ('experimental_distribute', experimental_distribute),
+    for name, value in (('experimental_distribute', experimental_distribute),
                         ('device_fn', device_fn)):
       _check_off(name, value)
+    train_distribute = distribute.check_strategy(train_distribute,
+                                                 'train_distribute')
+    eval_distribute = _check_eval_distribute(eval_distribute)
     steps, secs = _checkpoint_schedule(save_checkpoints_steps,
                                        save_checkpoints_secs)
     if keep_checkpoint_max is not None and (
@@ -176,6 +192,8 @@ class RunConfig(object):
             experimental_max_worker_delay_secs,
         'session_creation_timeout_secs': session_creation_timeout_secs,
         'checkpoint_save_graph_def': checkpoint_save_graph_def,
+        'train_distribute': train_distribute,
+        'eval_distribute': eval_distribute,
     }
 
   def __getattr__(self, name):
@@ -186,21 +204,57 @@ class RunConfig(object):
     raise AttributeError('%s has no attribute %r.' % (type(self).__name__,
                                                       name))
 
-  # The single local process that this backend runs, described with the
-  # cluster properties that legacy code reads.
-  is_chief = True
+  # The cluster properties that legacy code reads: this process, as the
+  # training strategy places it (one local process without one).
   master = ''
   evaluation_master = ''
   num_ps_replicas = 0
-  num_worker_replicas = 1
-  task_type = 'worker'
-  task_id = 0
-  global_id_in_cluster = 0
-  cluster_spec = None
   service = None
-  train_distribute = None
-  eval_distribute = None
   device_fn = None
+
+  def _multi_worker(self):
+    strategy = self._values['train_distribute']
+    if strategy is not None and distribute.is_multi_worker(strategy):
+      return strategy
+    return None
+
+  @property
+  def is_chief(self):
+    strategy = self._multi_worker()
+    return strategy is None or distribute.is_chief(strategy)
+
+  @property
+  def num_worker_replicas(self):
+    strategy = self._multi_worker()
+    return 1 if strategy is None else distribute.num_workers(strategy)
+
+  @property
+  def task_type(self):
+    strategy = self._multi_worker()
+    return 'worker' if strategy is None else strategy.cluster_resolver.task_type
+
+  @property
+  def task_id(self):
+    strategy = self._multi_worker()
+    return 0 if strategy is None else strategy.cluster_resolver.task_id
+
+  @property
+  def global_id_in_cluster(self):
+    strategy = self._multi_worker()
+    return 0 if strategy is None else distribute.worker_index(strategy)
+
+  @property
+  def cluster_spec(self):
+    strategy = self._multi_worker()
+    return None if strategy is None else (
+        strategy.cluster_resolver.cluster_spec())
+
+  def __deepcopy__(self, memo):
+    # Strategies hold locks and devices (tf.estimator's deep copy of them is
+    # its "cannot pickle '_thread.lock'" failure): copies share them.
+    clone = copy.copy(self)
+    clone._values = dict(self._values)  # pylint: disable=protected-access
+    return clone
 
   def replace(self, **kwargs):
     """Returns a copy with the given settings changed (validated again).

@@ -8,6 +8,13 @@ by `tf.compat.v1.train.Saver` under tf.estimator's names (`model.ckpt-N`,
 `checkpoint`, `graph.pbtxt`), summaries by the v1 summary hooks, exports by
 the v1 SavedModel builder, so TensorFlow 2.15's Estimator can read what this
 one writes and the other way round.
+
+With `RunConfig(train_distribute=STRATEGY)` training runs data parallel
+(`estimator_bf16.compat.distribute`): model_fn once per replica, input_fn
+once per worker with `params['batch_size']` per replica, the gradients
+all-reduced, checkpoints and summaries written by the chief only.
+`eval_distribute` does the same for evaluation on local devices. Predict
+and export run on one device.
 """
 
 import copy
@@ -20,11 +27,14 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_bf16.compat import config as config_lib
+from estimator_bf16.compat import distribute
 from estimator_bf16.compat import export as export_lib
 from estimator_bf16.compat import inputs
 from estimator_bf16.compat import spec as spec_lib
 
 ModeKeys = spec_lib.ModeKeys
+# What tf.distribute's own sessions use when asked to save by time.
+_MULTI_WORKER_SAVE_STEPS = 1000
 
 
 def _default_session_config():
@@ -116,18 +126,29 @@ class Estimator(object):
     del mode, export
     return self.params
 
-  def _to_estimator_spec(self, spec, mode):
-    del mode
+  def _to_estimator_spec(self, spec, mode, keep_host_call=True):
+    del mode, keep_host_call
     return as_estimator_spec(spec)
+
+  def _replica_params(self, params, mode, strategy):
+    """params of one replica; a plain Estimator's are the user's own."""
+    del mode, strategy
+    return params
 
   # --- Graph building.
 
-  def _new_graph(self):
+  def _new_graph(self, strategy=None):
     graph = tf.Graph()
     with graph.as_default():
       if self._config.tf_random_seed is not None:
         tf.compat.v1.set_random_seed(self._config.tf_random_seed)
-      tf.compat.v1.train.get_or_create_global_step()
+      if strategy is None:
+        tf.compat.v1.train.get_or_create_global_step()
+      else:
+        # A mirrored global step, which the optimizer increments once per
+        # step (not once per replica).
+        with strategy.scope():
+          tf.compat.v1.train.get_or_create_global_step()
     return graph
 
   def _build(self, input_fn, mode):
@@ -139,14 +160,72 @@ class Estimator(object):
     spec = self._call_model_fn(features, labels, mode)
     return spec, hooks
 
-  def _call_model_fn(self, features, labels, mode, export=False):
+  def _call_model_fn(self, features, labels, mode, export=False,
+                     params=None, keep_host_call=True):
+    if params is None:
+      params = self._model_fn_params(mode, export)
     spec = inputs.call_model_fn(self._model_fn, features, labels, mode,
-                                self._model_fn_params(mode, export),
-                                self._config)
-    return self._to_estimator_spec(spec, mode)
+                                params, self._config)
+    return self._to_estimator_spec(spec, mode, keep_host_call=keep_host_call)
 
-  def _session_config(self):
-    return self._config.session_config or _default_session_config()
+  def _build_replicated(self, input_fn, mode, strategy):
+    """Builds input and one model per replica; returns (spec, hooks).
+
+    The returned EstimatorSpec stands for all local replicas: the mean of
+    their losses, their train ops grouped, each eval metric's value (the
+    metrics aggregate over the replicas themselves) with every replica's
+    update; hooks, scaffold and predictions are the first replica's.
+    """
+    replicas = distribute.num_local_replicas(strategy)
+    input_params = self._replica_params(self._input_fn_params(mode), mode,
+                                        strategy)
+    model_params = self._replica_params(
+        self._model_fn_params(mode, export=False), mode, strategy)
+    features, labels, hooks = inputs.call_input_fn(
+        input_fn, input_params, mode, self._config,
+        input_context=distribute.input_context(strategy), replicas=replicas,
+        device=distribute.host_device(strategy))
+    chief = distribute.is_chief(strategy)
+
+    def build_replica(index):
+      # The wrapped model_fn runs here, in the replica's thread: precision
+      # rules that are per thread apply to this replica's graph.
+      spec = self._call_model_fn(
+          features[index], labels[index], mode, params=dict(model_params),
+          keep_host_call=(index == 0 and chief))
+      metrics = None
+      if mode == ModeKeys.EVAL:
+        metrics = dict(spec.eval_metric_ops)
+        if 'loss' not in metrics:
+          metrics['loss'] = tf.compat.v1.metrics.mean(spec.loss)
+      return spec, metrics
+
+    with strategy.scope():
+      built = distribute.call_for_each_replica(strategy, build_replica)
+    specs = [spec for spec, _ in built]
+    first = specs[0]
+    loss = tf.add_n([spec.loss for spec in specs]) / float(len(specs))
+    eval_metric_ops = None
+    if mode == ModeKeys.EVAL:
+      eval_metric_ops = {
+          key: (value, tf.group(*[m[key][1] for _, m in built]))
+          for key, (value, _) in built[0][1].items()}
+    train_op = None
+    if mode == ModeKeys.TRAIN:
+      train_op = tf.group(*[spec.train_op for spec in specs])
+    spec = spec_lib.EstimatorSpec(
+        mode=mode, loss=loss, train_op=train_op,
+        eval_metric_ops=eval_metric_ops, scaffold=first.scaffold,
+        training_hooks=first.training_hooks,
+        training_chief_hooks=first.training_chief_hooks,
+        evaluation_hooks=first.evaluation_hooks)
+    return spec, hooks
+
+  def _session_config(self, strategy=None):
+    config = self._config.session_config or _default_session_config()
+    if strategy is not None:
+      config = distribute.session_config(strategy, config)
+    return config
 
   def latest_checkpoint(self):
     """Path prefix of the newest checkpoint in model_dir, or None."""
@@ -183,6 +262,10 @@ class Estimator(object):
 
     Returns:
       self, as tf.estimator does, so calls can be chained.
+
+    Raises:
+      distribute.WorkerFailure: under a multi-worker strategy, another task
+        failed or stopped answering (the message names it).
     """
     if steps is not None and max_steps is not None:
       raise ValueError('Give steps or max_steps, not both.')
@@ -193,9 +276,33 @@ class Estimator(object):
       logging.info('Skipping training: the checkpoint in %s is already at '
                    'step >= max_steps=%d.', self._model_dir, max_steps)
       return self
-    with self._new_graph().as_default():
+    strategy = self._config.train_distribute
+    chief = strategy is None or distribute.is_chief(strategy)
+    scratch = None
+    if not chief:
+      # Every task of a multi-worker job must run the same session calls
+      # (collective ops are matched call by call), so the other workers
+      # run the chief's checkpoint and summary hooks too, writing into a
+      # throw-away directory: tf.distribute's own recipe.
+      scratch = tempfile.mkdtemp(prefix='estimator_bf16_%s_' % (
+          distribute.task_name(strategy).replace(':', '')))
+    try:
+      return self._train(input_fn, hooks, steps, max_steps,
+                         saving_listeners, strategy, chief, scratch)
+    finally:
+      if scratch:
+        tf.io.gfile.rmtree(scratch)
+
+  def _train(self, input_fn, hooks, steps, max_steps, saving_listeners,
+             strategy, chief, scratch):
+    """train() in the graph of one task; `scratch` is set off the chief."""
+    with self._new_graph(strategy).as_default():
       global_step = tf.compat.v1.train.get_global_step()
-      spec, input_hooks = self._build(input_fn, ModeKeys.TRAIN)
+      if strategy is None:
+        spec, input_hooks = self._build(input_fn, ModeKeys.TRAIN)
+      else:
+        spec, input_hooks = self._build_replicated(input_fn, ModeKeys.TRAIN,
+                                                   strategy)
       self._warm_start()
       tf.compat.v1.summary.scalar('loss', spec.loss)
       scaffold = spec.scaffold or tf.compat.v1.train.Scaffold()
@@ -211,26 +318,58 @@ class Estimator(object):
       if every:
         all_hooks.append(tf.compat.v1.train.LoggingTensorHook(
             {'loss': spec.loss, 'step': global_step}, every_n_iter=every))
-      chief_hooks = list(spec.training_chief_hooks)
-      if (config.save_checkpoints_steps or config.save_checkpoints_secs):
+      chief_hooks = list(spec.training_chief_hooks) if chief else []
+      save_steps = config.save_checkpoints_steps
+      save_secs = config.save_checkpoints_secs
+      if save_secs and strategy is not None and (
+          distribute.is_multi_worker(strategy)):
+        # Timers fire at different steps in different tasks; the saves
+        # must happen at the same step everywhere.
+        logging.warning('save_checkpoints_secs=%s: a multi-worker job saves '
+                        'by steps; saving every %d steps instead.',
+                        save_secs, _MULTI_WORKER_SAVE_STEPS)
+        save_steps, save_secs = _MULTI_WORKER_SAVE_STEPS, None
+      if save_steps or save_secs:
         chief_hooks.append(tf.compat.v1.train.CheckpointSaverHook(
-            self._model_dir, save_secs=config.save_checkpoints_secs,
-            save_steps=config.save_checkpoints_steps, scaffold=scaffold,
-            listeners=saving_listeners,
+            scratch or self._model_dir, save_secs=save_secs,
+            save_steps=save_steps, scaffold=scaffold,
+            listeners=saving_listeners if chief else None,
             save_graph_def=config.checkpoint_save_graph_def))
       elif saving_listeners:
         raise ValueError('saving_listeners need checkpoints: set '
                          'save_checkpoints_steps or save_checkpoints_secs.')
-      with tf.compat.v1.train.MonitoredTrainingSession(
-          checkpoint_dir=self._model_dir, scaffold=scaffold,
-          hooks=all_hooks, chief_only_hooks=chief_hooks,
-          save_checkpoint_secs=None, save_checkpoint_steps=None,
-          save_summaries_steps=config.save_summary_steps or None,
-          save_summaries_secs=None, config=self._session_config(),
-          log_step_count_steps=every or None,
-          max_wait_secs=config.session_creation_timeout_secs) as session:
-        while not session.should_stop():
-          session.run([spec.train_op, spec.loss])
+      session_config = self._session_config(strategy)
+      target = ''
+      if strategy is not None:
+        target = distribute.session_target(strategy, session_config)
+      # Every worker restores the newest checkpoint of model_dir (the
+      # chief's) or, on a fresh start, initializes: a multi-worker strategy
+      # broadcasts the chief's initial values. So each opens its session
+      # as a "chief" of its own variables.
+      if strategy is not None and distribute.is_multi_worker(strategy):
+        session = _multi_worker_session(
+            target, self._model_dir, scratch or self._model_dir, scaffold,
+            all_hooks + chief_hooks, session_config, every,
+            config.save_summary_steps)
+      else:
+        session = tf.compat.v1.train.MonitoredTrainingSession(
+            master=target, is_chief=True,
+            checkpoint_dir=self._model_dir, scaffold=scaffold,
+            hooks=all_hooks, chief_only_hooks=chief_hooks,
+            save_checkpoint_secs=None, save_checkpoint_steps=None,
+            save_summaries_steps=config.save_summary_steps or None,
+            save_summaries_secs=None, config=session_config,
+            log_step_count_steps=every or None,
+            max_wait_secs=config.session_creation_timeout_secs)
+      try:
+        with session:
+          while not session.should_stop():
+            session.run([spec.train_op, spec.loss])
+      except tf.errors.OpError as e:
+        failure = strategy and distribute.explain(e, strategy)
+        if failure:
+          raise failure from e
+        raise
     return self
 
   def _add_saver(self, scaffold):
@@ -281,9 +420,14 @@ class Estimator(object):
     if checkpoint_path is None:
       logging.warning('No checkpoint in %s: evaluating the initial values.',
                       self._model_dir)
-    with self._new_graph().as_default():
+    strategy = self._config.eval_distribute
+    with self._new_graph(strategy).as_default():
       global_step = tf.compat.v1.train.get_global_step()
-      spec, input_hooks = self._build(input_fn, ModeKeys.EVAL)
+      if strategy is None:
+        spec, input_hooks = self._build(input_fn, ModeKeys.EVAL)
+      else:
+        spec, input_hooks = self._build_replicated(input_fn, ModeKeys.EVAL,
+                                                   strategy)
       metrics = dict(spec.eval_metric_ops)
       if 'loss' not in metrics:
         metrics['loss'] = tf.compat.v1.metrics.mean(spec.loss)
@@ -294,7 +438,7 @@ class Estimator(object):
       creator = tf.compat.v1.train.ChiefSessionCreator(
           scaffold=spec.scaffold or tf.compat.v1.train.Scaffold(),
           checkpoint_filename_with_path=checkpoint_path,
-          config=self._session_config())
+          config=self._session_config(strategy))
       all_hooks = (input_hooks + list(spec.evaluation_hooks) +
                    list(hooks or []) + [final])
       with tf.compat.v1.train.MonitoredSession(creator, all_hooks) as session:
@@ -434,6 +578,36 @@ class Estimator(object):
 
   # The TF 1.x spelling, still used by older programs.
   export_savedmodel = export_saved_model
+
+
+def _multi_worker_session(target, model_dir, summary_dir, scaffold, hooks,
+                          config, log_every, summary_every):
+  """The training session of one task of a multi-worker job.
+
+  Not MonitoredTrainingSession: it treats a lost peer (UnavailableError) as
+  a preemption and recreates the session forever, while a job whose task
+  died must stop (and be restarted as a whole). Every task restores the
+  newest checkpoint of `model_dir` (the chief's), or initializes, in which
+  case the strategy broadcasts the chief's initial values.
+
+  Args:
+    target: this task's gRPC server target.
+    model_dir: where the chief's checkpoints are.
+    summary_dir: model_dir on the chief, a scratch directory elsewhere.
+    scaffold, hooks, config: as for a MonitoredSession.
+    log_every, summary_every: steps between step-rate logs / summaries
+      (None or 0: none).
+  """
+  hooks = list(hooks)
+  if log_every:
+    hooks.append(tf.compat.v1.train.StepCounterHook(
+        output_dir=summary_dir, every_n_steps=log_every))
+  if summary_every:
+    hooks.append(tf.compat.v1.train.SummarySaverHook(
+        scaffold=scaffold, save_steps=summary_every, output_dir=summary_dir))
+  return tf.compat.v1.train.SingularMonitoredSession(
+      hooks=hooks, scaffold=scaffold, master=target, config=config,
+      checkpoint_dir=model_dir)
 
 
 def _timestamped_dir(base):

@@ -1,8 +1,9 @@
 """Calling an input_fn / model_fn the way tf.estimator does, in graph mode.
 
-Arguments are passed by name: `params`, `mode`, `config` only if the
-function declares them, so `input_fn(params)`, `input_fn()` and
-`model_fn(features, labels, mode, params)` all work unchanged.
+Arguments are passed by name: `params`, `mode`, `config` (and, under a
+distribution strategy, `input_context`) only if the function declares them,
+so `input_fn(params)`, `input_fn()` and `model_fn(features, labels, mode,
+params)` all work unchanged.
 """
 
 import inspect
@@ -51,7 +52,16 @@ def _split(result):
   return result, None
 
 
-def call_input_fn(input_fn, params, mode, config):
+def _check_features(features, result):
+  leaves = tf.nest.flatten(features)
+  if not leaves or not all(isinstance(
+      leaf, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)) for leaf in leaves):
+    raise TypeError('input_fn must return a tf.data.Dataset or tensors '
+                    '(features or (features, labels)); got %r.' % (result,))
+
+
+def call_input_fn(input_fn, params, mode, config, input_context=None,
+                  replicas=None, device='/cpu:0'):
   """Calls `input_fn` and returns `(features, labels, hooks)`.
 
   Args:
@@ -60,31 +70,46 @@ def call_input_fn(input_fn, params, mode, config):
     params: dict given as `params` (a copy, so the function may change it).
     mode: a ModeKeys string, given as `mode` if declared.
     config: the RunConfig, given as `config` if declared.
+    input_context: a `tf.distribute.InputContext`, given as `input_context`
+      if declared (tf.estimator's name for it).
+    replicas: None for one model replica; else the number of local
+      replicas, each of which takes the next element of the Dataset.
+    device: where the input pipeline is built (this host's CPU).
 
   Returns:
     features (Tensor or dict), labels (or None) and a list of hooks the
-    session must run (the iterator initializer for a Dataset).
+    session must run (the iterator initializer for a Dataset). With
+    `replicas`, features and labels are lists, one per replica.
 
   Raises:
     TypeError: the result is neither a Dataset nor tensors.
+    ValueError: `replicas` is set and input_fn returned tensors, which
+      every replica would share.
   """
   names = arg_names(input_fn, 'input_fn')
-  kwargs = {'params': params, 'mode': mode, 'config': config}
-  with tf.device('/cpu:0'):
+  kwargs = {'params': params, 'mode': mode, 'config': config,
+            'input_context': input_context}
+  with tf.device(device):
     # The host builds the input pipeline, as TPUEstimator does.
     result = input_fn(**{k: v for k, v in kwargs.items() if k in names})
     hooks = []
     if isinstance(result, tf.data.Dataset):
       iterator = tf.compat.v1.data.make_initializable_iterator(result)
       hooks.append(_IteratorInitializerHook(iterator))
-      result = iterator.get_next()
-  features, labels = _split(result)
-  leaves = tf.nest.flatten(features)
-  if not leaves or not all(isinstance(
-      leaf, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)) for leaf in leaves):
-    raise TypeError('input_fn must return a tf.data.Dataset or tensors '
-                    '(features or (features, labels)); got %r.' % (result,))
-  return features, labels, hooks
+      elements = [iterator.get_next() for _ in range(replicas or 1)]
+    elif replicas:
+      raise ValueError('Under a distribution strategy input_fn must return '
+                       'a tf.data.Dataset (each replica takes its own '
+                       'batches from it); got %r.' % (result,))
+    else:
+      elements = [result]
+  pairs = [_split(element) for element in elements]
+  for features, _ in pairs:
+    _check_features(features, result)
+  if replicas is None:
+    features, labels = pairs[0]
+    return features, labels, hooks
+  return [f for f, _ in pairs], [l for _, l in pairs], hooks
 
 
 def call_model_fn(model_fn, features, labels, mode, params, config):

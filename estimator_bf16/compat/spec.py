@@ -56,6 +56,13 @@ def _check_train_op(train_op, mode):
     if mode == ModeKeys.TRAIN:
       raise ValueError('train_op is required in TRAIN mode.')
     return None
+  op = getattr(train_op, 'op', None)
+  if (isinstance(train_op, tf.Variable) and isinstance(op, tf.Operation) and
+      op.type not in ('VarHandleOp', 'VariableV2')):
+    # The not-yet-read result of an assignment (what a v1 optimizer returns
+    # under MultiWorkerMirroredStrategy on TensorFlow 2.16+): its op is the
+    # update itself.
+    return op
   if not isinstance(train_op, (tf.Tensor, tf.Operation)):
     raise TypeError('train_op must be an Operation or Tensor, got %r.' %
                     (train_op,))

@@ -3,7 +3,9 @@
 What a legacy program relies on when it runs TPUEstimator on a CPU, kept:
 
 * `params['batch_size']` is the global batch of the mode (train, eval or
-  predict batch size) for input_fn and model_fn; model_fn also gets
+  predict batch size) for input_fn and model_fn, or under a distribution
+  strategy (`RunConfig(train_distribute=...)`) that batch divided by the
+  replicas, as a TPU core gets it; model_fn also gets
   `params['use_tpu'] = False`. An export calls model_fn without
   `'batch_size'` (serving batches have any size).
 * `eval_metrics=(metric_fn, tensors)` is turned into eval_metric_ops by
@@ -19,6 +21,7 @@ estimator_bf16 uses the real TPUEstimator.
 
 import tensorflow as tf
 
+from estimator_bf16.compat import distribute
 from estimator_bf16.compat import estimator as estimator_lib
 from estimator_bf16.compat import inputs
 from estimator_bf16.compat import spec as spec_lib
@@ -79,12 +82,14 @@ class _HostCallHook(tf.compat.v1.train.SessionRunHook):
     session.run(self._flush_ops)
 
 
-def as_estimator_spec(spec):
+def as_estimator_spec(spec, keep_host_call=True):
   """Turns a TPUEstimatorSpec into the EstimatorSpec it means on a host.
 
   Args:
     spec: this module's TPUEstimatorSpec, tf.estimator's (duck typed on its
       fields), or an EstimatorSpec (returned as it is).
+    keep_host_call: False drops `host_call`: under a distribution strategy
+      only the chief's first replica writes its summaries.
 
   Returns:
     An `estimator_bf16.compat.EstimatorSpec`.
@@ -98,7 +103,7 @@ def as_estimator_spec(spec):
   if spec.eval_metrics is not None:
     eval_metric_ops = _call_on_host(spec.eval_metrics)
   host_hooks = ()
-  if spec.host_call is not None:
+  if spec.host_call is not None and keep_host_call:
     host_hooks = (_HostCallHook(_call_on_host(spec.host_call)),)
   return spec_lib.EstimatorSpec(
       mode=spec.mode, predictions=spec.predictions, loss=spec.loss,
@@ -173,6 +178,14 @@ class TPUEstimator(estimator_lib.Estimator):
     params['use_tpu'] = False
     return params
 
+  def _replica_params(self, params, mode, strategy):
+    # The batch sizes given to TPUEstimator are global, as on a TPU, where
+    # each core gets its share.
+    if 'batch_size' in params:
+      params['batch_size'] = distribute.per_replica_batch(
+          params['batch_size'], strategy, '%s_batch_size' % mode)
+    return params
+
   def _build(self, input_fn, mode):
     if 'params' not in inputs.arg_names(input_fn, 'input_fn'):
       raise ValueError('input_fn %r must take a `params` argument: '
@@ -180,6 +193,6 @@ class TPUEstimator(estimator_lib.Estimator):
                        "params['batch_size']." % (input_fn,))
     return super(TPUEstimator, self)._build(input_fn, mode)
 
-  def _to_estimator_spec(self, spec, mode):
+  def _to_estimator_spec(self, spec, mode, keep_host_call=True):
     del mode
-    return as_estimator_spec(spec)
+    return as_estimator_spec(spec, keep_host_call=keep_host_call)
