@@ -254,6 +254,16 @@ def _other_tables(results):
   build = results.get('build_overhead')
   if build:
     lines += ['', _build_overhead_line(build)]
+  scale = results.get('scaling')
+  if scale:
+    lines += ['', '**Scaling, 2 logical CPU devices vs 1** (MirroredStrategy, '
+              '%s, batch %d per replica): %.0f vs %.0f examples/s, speedup '
+              '%.2fx (IQR %.2f-%.2f), efficiency %.2f. %s' % (
+                  scale['precision'], scale['per_replica_batch'],
+                  scale['two_devices_examples_per_sec'],
+                  scale['one_device_examples_per_sec'], scale['speedup'],
+                  scale['speedup_iqr'][0], scale['speedup_iqr'][1],
+                  scale['scaling_efficiency'], scale['note'])]
   keras = results.get('keras_mixed_bfloat16')
   if keras:
     lines += ['', '**Against Keras mixed_bfloat16** (MNIST MLP, batch %d): '

@@ -22,6 +22,7 @@ from benchmarks import kernels
 from benchmarks import memory
 from benchmarks import overhead
 from benchmarks import planning
+from benchmarks import scaling
 from benchmarks import throughput
 from benchmarks.configs import MiB
 
@@ -30,7 +31,7 @@ PRECISIONS = ('float32', 'bfloat16')
 REWRITE = 'onednn_rewrite'
 VARIANTS = PRECISIONS + (REWRITE,)
 SECTIONS = ('kernels', 'models', 'tpu_plans', 'overhead', 'build_overhead',
-            'keras', 'adafactor', 'convergence')
+            'keras', 'adafactor', 'convergence', 'scaling')
 
 
 def _graph_row(report):
@@ -313,6 +314,10 @@ def run(config, out_dir, sections=SECTIONS):
         'convergence', lambda: convergence.convergence_runs(
             out_dir, mnist_steps=steps[0], bert_steps=steps[1],
             bert_preset=config.convergence_bert_preset))
+  if 'scaling' in sections:
+    # 2 logical CPU devices against 1 (MirroredStrategy), side by side.
+    results['scaling'] = timed('scaling', scaling.measure_scaling,
+                               'bfloat16')
   if 'models' in results:
     results['planner'] = planner_summary(results['models'])
   results['env']['load_average_end'] = env_lib.load_average()
