@@ -294,6 +294,20 @@ class SecondThreadTest(tf.test.TestCase):
     self.assertEqual(seen['autocast'], [BF16])
 
 
+def _sgd_spec(mode, loss):
+  """A TRAIN spec minimizing `loss` with plain SGD."""
+  train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+      loss, tf.compat.v1.train.get_or_create_global_step())
+  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+      mode, loss=loss, train_op=train_op)
+
+
+def _bfloat16_train_spec(model_fn):
+  """The wrapped model_fn's TRAIN spec on 4 examples of 5 features."""
+  return eb.wrap_model_fn(model_fn, 'bfloat16')(
+      tf.ones([4, 5]), tf.constant([0, 1, 2, 0]), 'train')
+
+
 class LegacyCodePathsTest(tf.test.TestCase, parameterized.TestCase):
   """Code paths found in public TF1 programs."""
 
@@ -324,15 +338,10 @@ class LegacyCodePathsTest(tf.test.TestCase, parameterized.TestCase):
   def test_tensorflow_losses_pass_the_strict_audit_in_float32(self, loss_fn):
     def model_fn(features, labels, mode):
       logits = tf.compat.v1.layers.dense(features, 3, name='logits')
-      loss = loss_fn(labels, logits)
-      train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
-          loss, tf.compat.v1.train.get_or_create_global_step())
-      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
-          mode, loss=loss, train_op=train_op)
+      return _sgd_spec(mode, loss_fn(labels, logits))
 
     with tf.Graph().as_default():
-      spec = eb.wrap_model_fn(model_fn, 'bfloat16')(
-          tf.ones([4, 5]), tf.constant([0, 1, 2, 0]), 'train')
+      spec = _bfloat16_train_spec(model_fn)
       self.assertEqual(spec.loss.dtype, tf.float32)
       self.assertNotEqual(spec.loss.op.type, 'Cast')
 
@@ -346,15 +355,10 @@ class LegacyCodePathsTest(tf.test.TestCase, parameterized.TestCase):
         logits = slim.fully_connected(net, 3, activation_fn=None,
                                       scope='logits')
       tf.compat.v1.losses.softmax_cross_entropy(tf.one_hot(labels, 3), logits)
-      loss = tf.compat.v1.losses.get_total_loss()
-      train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
-          loss, tf.compat.v1.train.get_or_create_global_step())
-      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
-          mode, loss=loss, train_op=train_op)
+      return _sgd_spec(mode, tf.compat.v1.losses.get_total_loss())
 
     with tf.Graph().as_default():
-      spec = eb.wrap_model_fn(model_fn, 'bfloat16')(
-          tf.ones([4, 5]), tf.constant([0, 1, 2, 0]), 'train')
+      spec = _bfloat16_train_spec(model_fn)
       self.assertEqual(spec.loss.dtype, tf.float32)
       penalties = tf.compat.v1.losses.get_regularization_losses()
       self.assertEqual({p.dtype for p in penalties}, {tf.float32})
@@ -389,11 +393,8 @@ def _network_with(hidden_in_float32):
     else:
       net = tf.matmul(net, w)
     logits = tf.compat.v1.layers.dense(net, 2, name='logits')
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
-        loss, tf.compat.v1.train.get_or_create_global_step())
-    return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
-        mode, loss=loss, train_op=train_op)
+    return _sgd_spec(
+        mode, tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits))
 
   return model_fn
 
