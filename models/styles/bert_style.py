@@ -150,7 +150,7 @@ def classifier_network(config, num_classes=NUM_CLASSES):
   return network_fn
 
 
-def model_fn_builder(config=None, learning_rate=5e-3):
+def model_fn_builder(config=None, learning_rate=2e-3):
   """Returns a legacy model_fn, shaped like run_classifier's.
 
   The loss is BERT's: log-softmax summed against float32 one-hot labels.
