@@ -169,9 +169,11 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     backend: `'auto'` (the real TPUEstimator on TensorFlow 2.15, the compat
       one on 2.16+), `'tf_estimator'` or `'compat'` (which also runs on
       2.15, e.g. to compare the two).
-    numeric_guard: stop training with `guards.NumericGuardError` (naming the
-      step and the tensor) when the loss or a gradient is NaN/Inf, before
-      that step's update is applied (see `estimator_bf16.guards`).
+    numeric_guard: stop training when the loss or a gradient is NaN/Inf,
+      before that step's update is applied (see `estimator_bf16.guards`).
+      `train` then raises `tf.errors.InvalidArgumentError`;
+      `guards.translate_error` turns it into a `NumericGuardError` naming
+      the step and the tensor (`models.training` does so for the CLI).
     distribute: None, or a `tf.distribute.MirroredStrategy` (local GPUs or
       logical CPUs) or `MultiWorkerMirroredStrategy` (hosts, TF_CONFIG),
       e.g. from `eb.make_strategy`; needs `use_tpu=False`. Training is then
