@@ -4,6 +4,7 @@ import os
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -121,6 +122,7 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(probabilities.sum(axis=1), np.ones(4), atol=1e-2)
 
 
+@pytest.mark.slow
 class InterchangeTest(tf.test.TestCase):
 
   def test_checkpoint_moves_between_precisions(self):

@@ -5,6 +5,7 @@ import os
 import threading
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -226,6 +227,7 @@ class MakeTpuEstimatorGuardTest(tf.test.TestCase):
     self.assertIsNotNone(error.step)
 
 
+@pytest.mark.slow
 class ActivationStatsTest(tf.test.TestCase):
 
   def test_bfloat16_run_reports_ranges_and_float32_reports_none(self):
