@@ -175,6 +175,7 @@ def _all_finite(model_dir):
              if dtype.is_floating)
 
 
+@pytest.mark.slow
 class GuardedTrainingTest(tf.test.TestCase):
 
   def test_cli_run_stops_with_step_and_tensor_and_good_checkpoint(self):

@@ -80,6 +80,7 @@ def _options(**overrides):
   return training.TrainOptions(**fields)
 
 
+@pytest.mark.slow
 class FamilyTrainingTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*_MODELS_AND_PRECISIONS)
@@ -100,7 +101,6 @@ class FamilyTrainingTest(tf.test.TestCase, parameterized.TestCase):
     self.assertNotEmpty(tf.io.gfile.glob(os.path.join(model_dir, 'eval*')))
 
   @parameterized.named_parameters(*_MODELS)
-  @pytest.mark.slow
   def test_bfloat16_eval_loss_close_to_float32(self, model):
     float32 = _run(model, 'float32')['eval']['loss']
     bfloat16 = _run(model, 'bfloat16')['eval']['loss']
