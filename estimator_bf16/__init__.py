@@ -38,7 +38,8 @@ from estimator_bf16.strategies import make_strategy
 from estimator_bf16.wrappers import build_network
 from estimator_bf16.wrappers import wrap_input_fn
 from estimator_bf16.wrappers import wrap_model_fn
-# After the core: the backend reuses the precision logic, never the reverse.
+# The compat backend imports nothing from the core above: make_tpu_estimator
+# puts the same precision wrappers around either backend's TPUEstimator.
 from estimator_bf16 import compat
 
 __version__ = '0.1.0'

@@ -15,9 +15,11 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from estimator_bf16.casting import FLOATING_DTYPES
+from estimator_bf16.casting import HALF_DTYPES
+
 _VARIABLE_OPS = frozenset(['VariableV2', 'VarHandleOp', 'Variable'])
-_HALF = (tf.bfloat16, tf.float16)
-_FLOATS = frozenset([tf.bfloat16, tf.float16, tf.float32, tf.float64])
+_FLOATS = frozenset(FLOATING_DTYPES)
 # Ops whose inputs legitimately differ in float dtype.
 _MIXED_ALLOWED = frozenset([
     'Cast', 'Bitcast', 'FusedBatchNorm', 'FusedBatchNormV2',
@@ -208,7 +210,7 @@ def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
       num_casts += 1
     if op.type in _VARIABLE_OPS:
       dtype = tf.as_dtype(op.get_attr('dtype')).base_dtype
-      if dtype in _HALF:
+      if dtype in HALF_DTYPES:
         half_vars.append((op.name, dtype.name))
       continue
     dtypes = _float_input_dtypes(op)

@@ -21,7 +21,8 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-_HALF = (tf.bfloat16, tf.float16)
+from estimator_bf16.casting import HALF_DTYPES
+
 OLD_PREFIX = 'bfloat16/'
 
 
@@ -103,7 +104,7 @@ def convert_checkpoint(input_path, output_prefix, strip_prefix=OLD_PREFIX,
       raise ValueError('both %r and %r would be named %r; pass another '
                        '--strip_prefix.' % (targets[new_name], name, new_name))
     targets[new_name] = name
-    if dtypes[name] in _HALF:
+    if dtypes[name] in HALF_DTYPES:
       cast.append((new_name, dtypes[name].name))
     elif new_name == name:
       kept.append(name)
@@ -123,9 +124,9 @@ def _write(reader, dtypes, targets, output_prefix):
   with tf.Graph().as_default():
     feeds, variables = {}, []
     for new_name, old_name in targets.items():
-      dtype = tf.float32 if dtypes[old_name] in _HALF else dtypes[old_name]
+      dtype = tf.float32 if dtypes[old_name] in HALF_DTYPES else dtypes[old_name]
       value = reader.get_tensor(old_name)
-      if dtype == tf.float32 and dtypes[old_name] in _HALF:
+      if dtype == tf.float32 and dtypes[old_name] in HALF_DTYPES:
         value = np.asarray(value).astype(np.float32)
       placeholder = tf.compat.v1.placeholder(dtype, np.shape(value))
       variables.append(tf.compat.v1.Variable(placeholder, name=new_name,

@@ -73,16 +73,57 @@ def _positive_int(name, value, allow_none=False):
     raise ValueError('%s must be a positive integer, got %r.' % (name, value))
 
 
+# Cores of one TPU v2-8 / v3-8 board: the shards a TPU job runs on unless
+# told otherwise (a v2 -> v3 move keeps the count).
+TPU_CORES_PER_BOARD = 8
+
+
+def tpu_replicas(num_shards=None, num_cores_per_replica=None):
+  """The model replicas a TPU job splits each global batch over.
+
+  Args:
+    num_shards: TPU cores; None for one board (`TPU_CORES_PER_BOARD`).
+    num_cores_per_replica: cores per model replica; None for 1.
+
+  Returns:
+    int, the number of replicas.
+  """
+  return (num_shards or TPU_CORES_PER_BOARD) // (num_cores_per_replica or 1)
+
+
+def tpu_batch_error(batch, num_shards=None, num_cores_per_replica=None):
+  """Why a global `batch` cannot be split over the TPU replicas, or None.
+
+  Each TPU core needs the same per-core batch, so the global batch must be
+  a multiple of the replicas.
+
+  Args:
+    batch: int, the global batch (all cores together).
+    num_shards: TPU cores; None for one board (`TPU_CORES_PER_BOARD`).
+    num_cores_per_replica: cores per model replica; None for 1.
+
+  Returns:
+    None if `batch` divides evenly, else the reason as a sentence that
+    follows the batch's name and value (e.g. 'train_batch_size=12 ' + it).
+  """
+  replicas = tpu_replicas(num_shards, num_cores_per_replica)
+  if batch % replicas == 0:
+    return None
+  split = 'num_shards=%d' % (num_shards or TPU_CORES_PER_BOARD)
+  if num_cores_per_replica:
+    split += ' / num_cores_per_replica=%d' % num_cores_per_replica
+  return ('is not divisible by the %d replicas (%s): each TPU core needs the '
+          'same per-core batch.' % (replicas, split))
+
+
 def _check_batches(use_tpu, num_shards, num_cores_per_replica, batches):
   if not use_tpu:
     return
-  replicas = num_shards // (num_cores_per_replica or 1)
   for name, batch in batches.items():
-    if batch is not None and batch % replicas:
-      raise ValueError(
-          '%s=%d is not divisible by the %d replicas (num_shards=%d / '
-          'num_cores_per_replica=%s): each TPU core needs the same per-core '
-          'batch.' % (name, batch, replicas, num_shards, num_cores_per_replica))
+    error = None if batch is None else tpu_batch_error(
+        batch, num_shards, num_cores_per_replica)
+    if error:
+      raise ValueError('%s=%d %s' % (name, batch, error))
 
 
 def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
@@ -113,7 +154,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     tpu_zone, gcp_project: where the TPU is, if not discoverable.
     eval_batch_size, predict_batch_size: global batches for those modes.
     iterations_per_loop: training steps per TPU loop (and per host call).
-    num_shards: TPU cores; 8 for a v2-8/v3-8 board (the default on a TPU).
+    num_shards: TPU cores; `TPU_CORES_PER_BOARD` (8, one v2-8/v3-8 board) if
+      None on a TPU.
     num_cores_per_replica: cores per model replica (model parallelism).
     params: extra hyperparameters for model_fn/input_fn; the keys
       'batch_size', 'use_tpu' and 'context' are TPUEstimator's own.
@@ -127,9 +169,11 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     backend: `'auto'` (the real TPUEstimator on TensorFlow 2.15, the compat
       one on 2.16+), `'tf_estimator'` or `'compat'` (which also runs on
       2.15, e.g. to compare the two).
-    numeric_guard: stop training with `guards.NumericGuardError` (naming the
-      step and the tensor) when the loss or a gradient is NaN/Inf, before
-      that step's update is applied (see `estimator_bf16.guards`).
+    numeric_guard: stop training when the loss or a gradient is NaN/Inf,
+      before that step's update is applied (see `estimator_bf16.guards`).
+      `train` then raises `tf.errors.InvalidArgumentError`;
+      `guards.translate_error` turns it into a `NumericGuardError` naming
+      the step and the tensor (`models.training` does so for the CLI).
     distribute: None, or a `tf.distribute.MirroredStrategy` (local GPUs or
       logical CPUs) or `MultiWorkerMirroredStrategy` (hosts, TF_CONFIG),
       e.g. from `eb.make_strategy`; needs `use_tpu=False`. Training is then
@@ -179,7 +223,7 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     raise ValueError("use_tpu=True needs tpu: the TPU's name, address, or "
                      "'local' on a TPU VM.")
   if use_tpu and num_shards is None:
-    num_shards = 8  # One v2-8 / v3-8 board; a v2 -> v3 move keeps it.
+    num_shards = TPU_CORES_PER_BOARD
   _check_batches(use_tpu, num_shards, num_cores_per_replica, {
       'train_batch_size': train_batch_size,
       'eval_batch_size': eval_batch_size,

@@ -304,9 +304,7 @@ def guard_model_fn(model_fn):
   Raises:
     ValueError: a model_fn signature an Estimator cannot call.
   """
-  # pylint: disable=protected-access
-  accepted = wrappers._model_fn_arg_names(model_fn)
-  # pylint: enable=protected-access
+  accepted = wrappers.model_fn_arg_names(model_fn)
 
   @functools.wraps(model_fn)
   def guarded_model_fn(features, labels=None, mode=None, params=None,

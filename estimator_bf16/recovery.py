@@ -28,10 +28,10 @@ import threading
 from absl import logging
 import tensorflow as tf
 
+from estimator_bf16.casting import HALF_DTYPES
 from estimator_bf16.ckpt import OLD_PREFIX
 
 _STEP_RE = re.compile(r'-(\d+)$')
-_HALF = (tf.bfloat16, tf.float16)
 _SHOWN = 5  # names listed in an error message before "and N more"
 
 
@@ -293,7 +293,7 @@ def check_checkpoint_matches(checkpoint, graph):
       for name, (shape, _) in needed.items()
       if name in stored_shapes and stored_shapes[name] != shape)
   half = sorted(name for name, (_, dtype) in needed.items()
-                if stored_dtypes.get(name) in _HALF and dtype == tf.float32)
+                if stored_dtypes.get(name) in HALF_DTYPES and dtype == tf.float32)
   problems = []
   if missing:
     problems.append("%d of the model's %d variables are not in it (%s)" % (

@@ -34,7 +34,7 @@ def _signature(fn, what):
     raise TypeError('Cannot read the signature of %s %r: %s' % (what, fn, e))
 
 
-def _model_fn_arg_names(model_fn):
+def model_fn_arg_names(model_fn):
   """Returns the Estimator arguments model_fn takes; raises if unsupported."""
   signature = _signature(model_fn, 'model_fn')
   names = []
@@ -61,7 +61,7 @@ def model_fn_kwargs(accepted, labels, mode, params, config):
   """The keyword arguments (besides features) a model_fn taking `accepted` gets.
 
   Args:
-    accepted: the argument names from `_model_fn_arg_names(model_fn)`.
+    accepted: the argument names from `model_fn_arg_names(model_fn)`.
     labels, mode, params, config: what the Estimator passed.
 
   Returns:
@@ -112,7 +112,7 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
   """
   precision_lib.check_precision(precision)
   _check_audit(audit)
-  accepted = _model_fn_arg_names(model_fn)
+  accepted = model_fn_arg_names(model_fn)
   # tf_slim.batch_norm is broken on TensorFlow 2.15+ (see layer_repairs):
   # repaired here, before either precision returns, so the float32 and the
   # bfloat16 build of a tf-slim model both work.

@@ -17,6 +17,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16 import activation_stats
 from estimator_bf16 import cluster
+from estimator_bf16 import estimator as eb_estimator
 from estimator_bf16 import guards
 from estimator_bf16 import recovery
 from estimator_bf16 import strategies
@@ -29,7 +30,6 @@ from models import registry
 from models import resnet
 
 _MAX_SEQ_LENGTH = 512  # BERT's position table
-_TPU_CORES = 8  # one v2-8 / v3-8 board
 # Data sets generated in the graph: nothing on disk can be bad.
 _GENERATED = ('synthetic',)
 # What stops a run with a message rather than a traceback (the CLI prints it
@@ -176,14 +176,14 @@ def _check_model_sizes(options):
 
 
 def _check_shards(options):
-  shards = options.num_shards or (_TPU_CORES if options.use_tpu else None)
+  shards = options.num_shards or (
+      eb_estimator.TPU_CORES_PER_BOARD if options.use_tpu else None)
   if not shards:
     return
   for name in ('train_batch_size', 'eval_batch_size'):
     batch = getattr(options, name)
-    _check(batch % shards == 0, '--' + name, '%d is not divisible by the %d '
-           'shards (--num_shards): every TPU core gets the same batch.',
-           batch, shards)
+    error = eb_estimator.tpu_batch_error(batch, shards)
+    _check(error is None, '--' + name, '%d %s', batch, error)
 
 
 def _replicas(options, environ=None):
@@ -347,7 +347,8 @@ def _check_before_training(options, model, replicas=1):
     raise OptionError('--model_dir', str(e)) from e
   if options.dataset in _GENERATED:
     return
-  shards = (options.num_shards or _TPU_CORES) if options.use_tpu else replicas
+  shards = (eb_estimator.tpu_replicas(options.num_shards) if options.use_tpu
+            else replicas)
 
   def params(batch):
     return {'batch_size': batch // shards, 'precision': options.precision}

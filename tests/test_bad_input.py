@@ -13,6 +13,7 @@ import tempfile
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from estimator_bf16 import recovery
@@ -164,6 +165,7 @@ class BadDataTest(tf.test.TestCase, parameterized.TestCase):
                      r'(training|eval) data')
     self.assertEqual(_checkpoint_files(options.model_dir), set())
 
+  @pytest.mark.slow
   def test_skip_corrupt_records_skips_and_counts(self):
     options = _options('skip', _data_dir('skip', damage=_flip_byte(2 / 3)),
                        skip_corrupt_records=True)

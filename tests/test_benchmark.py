@@ -66,6 +66,7 @@ def outputs(tmp_path_factory):
     return json.load(saved), table, out_dir
 
 
+@pytest.mark.slow
 def test_every_figure_of_the_issue_is_there(outputs):
   results, _, _ = outputs
   env = results['env']
@@ -86,6 +87,7 @@ def test_every_figure_of_the_issue_is_there(outputs):
   assert results['adafactor']['slot_bytes_ratio'] < 0.5
 
 
+@pytest.mark.slow
 def test_ratios_are_the_quotients_they_name(outputs):
   results, _, _ = outputs
   model = results['models']['mnist_mlp']
@@ -109,6 +111,7 @@ def test_ratios_are_the_quotients_they_name(outputs):
         statistics.median(windows[variant]))
 
 
+@pytest.mark.slow
 def test_each_variant_ran_what_it_claims(outputs):
   results, _, _ = outputs
   model = results['models']['mnist_mlp']
@@ -126,6 +129,7 @@ def test_each_variant_ran_what_it_claims(outputs):
   assert model['float32']['graph']['bfloat16_flop_share'] == 0.0
 
 
+@pytest.mark.slow
 def test_build_overhead_per_model_fn_call(outputs):
   results, _, _ = outputs
   build = results['build_overhead']['mnist_mlp']
@@ -140,6 +144,7 @@ def test_build_overhead_per_model_fn_call(outputs):
       build['hand_written_bfloat16_seconds'])
 
 
+@pytest.mark.slow
 def test_memory_bookkeeping_adds_up(outputs):
   results, _, _ = outputs
   for model in results['models'].values():
@@ -159,6 +164,7 @@ def test_memory_bookkeeping_adds_up(outputs):
             model['bfloat16']['memory']['parameter_bytes'])
 
 
+@pytest.mark.slow
 def test_wrapper_adds_only_casts(outputs):
   results, _, _ = outputs
   overhead = results['overhead']
@@ -166,11 +172,13 @@ def test_wrapper_adds_only_casts(outputs):
   assert overhead['wrapped_bfloat16_flop_share'] == 1.0
 
 
+@pytest.mark.slow
 def test_adafactor_state_is_smaller_than_adam(outputs):
   results, _, _ = outputs
   assert results['adafactor']['slot_bytes_ratio'] < 0.5
 
 
+@pytest.mark.slow
 def test_targets_are_judged_from_the_numbers(outputs):
   results, _, _ = outputs
   rows = {row['target']: row for row in results['targets']}
@@ -193,6 +201,7 @@ def test_targets_are_judged_from_the_numbers(outputs):
   assert rows['throughput bf16/fp32 >= 1.6x (BERT)']['measured'] == 'n/a'
 
 
+@pytest.mark.slow
 def test_report_files_and_readme_splice(outputs, tmp_path):
   results, table, out_dir = outputs
   for name in ('results.json', 'results.md', 'convergence.png',
@@ -263,6 +272,7 @@ def test_kernel_probe_structure():
     assert len(probe['speed_ratio_iqr']) == 2
 
 
+@pytest.mark.slow
 def test_an_emulating_cpu_gets_every_figure_but_no_speed_verdict(outputs):
   results, _, _ = outputs
   emulated = json.loads(json.dumps(results))

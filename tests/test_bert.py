@@ -232,6 +232,7 @@ class BertTest(tf.test.TestCase, parameterized.TestCase):
     # Embeddings (5) + 16 per layer + pooler (2) + classifier (2).
     self.assertLen(names, 5 + 16 * 2 + 2 + 2)
 
+  @pytest.mark.slow
   def test_base_graph_is_bfloat16(self):
     config = bert.BertConfig.preset('base')
     with tf.Graph().as_default() as graph:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -85,6 +86,7 @@ class CkptTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, 'no checkpoint at'):
       ckpt.convert_checkpoint(os.path.join(directory, 'nothing'), 'x')
 
+  @pytest.mark.slow
   def test_command_line(self):
     directory = self.get_temp_dir()
     source = _old_style(os.path.join(directory, 'cli'))

@@ -35,6 +35,7 @@ from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -103,6 +104,7 @@ class InstallTest(tf.test.TestCase):
       compat.install()
     super().tearDown()
 
+  @pytest.mark.slow
   def test_import_installs_nothing_and_install_routes_layers(self):
     """In a fresh process, without TF_USE_LEGACY_KERAS."""
     code = textwrap.dedent("""
@@ -377,6 +379,7 @@ def _events(pattern):
 class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
   """The unmodified legacy program, on the compat backend after install()."""
 
+  @pytest.mark.slow
   def test_train_evaluate_predict_host_call_export(self, precision):
     model_dir = self.create_tempdir().full_path
     wrap = functools.partial(eb.wrap_input_fn, precision=precision)
@@ -497,6 +500,7 @@ class BackendAgreementTest(tf.test.TestCase):
     self.assertEqual(files['tf_estimator'], files['compat'])
 
   @NEEDS_TF215
+  @pytest.mark.slow
   def test_same_numbers_and_checkpoints_cross_backends(self):
     work_dir = self.create_tempdir().full_path
     start = protocol.make_start('tf_estimator', work_dir)
@@ -519,6 +523,7 @@ class BackendAgreementTest(tf.test.TestCase):
         results['compat', 'bfloat16']['weights']), 100 * TOLERANCE)
 
 
+@pytest.mark.slow
 class CrossVersionTest(tf.test.TestCase):
   """This TensorFlow against the other virtualenv's, through a subprocess."""
 

@@ -13,6 +13,7 @@ from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -149,6 +150,7 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
     return estimator, hook.graph
 
   @parameterized.product(precision=eb.PRECISIONS, spelling=('make', 'config'))
+  @pytest.mark.slow
   def test_two_devices_match_one(self, precision, spelling):
     root = self.get_temp_dir()
     one = os.path.join(root, '%s_%s_one' % (precision, spelling))
@@ -183,6 +185,7 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
     self.assertBetween(metrics['accuracy'], 0.0, 1.0)
 
   @parameterized.parameters(*eb.PRECISIONS)
+  @pytest.mark.slow
   def test_checkpoints_move_between_one_and_two_devices(self, precision):
     root = os.path.join(self.get_temp_dir(), precision)
     # Each run starts input_fn afresh, so the reference restarts too.
@@ -321,6 +324,7 @@ class CliTest(tf.test.TestCase):
     values.update(kwargs)
     return training.TrainOptions(**values)
 
+  @pytest.mark.slow
   def test_mirrored_run_trains_evaluates_and_exports(self):
     options = self._options(distribute='mirrored', cpu_devices=2)
     result = training.run(options)

@@ -4,9 +4,11 @@ import os
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16 import estimator as eb_estimator
 from tests import legacy_model
 
 
@@ -120,6 +122,7 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(probabilities.sum(axis=1), np.ones(4), atol=1e-2)
 
 
+@pytest.mark.slow
 class InterchangeTest(tf.test.TestCase):
 
   def test_checkpoint_moves_between_precisions(self):
@@ -176,6 +179,17 @@ class MakeEstimatorErrorsTest(tf.test.TestCase, parameterized.TestCase):
         precision='bfloat16', train_batch_size=8, params={'lr': 0.1})
     self.assertEqual(estimator.params['precision'], 'bfloat16')
     self.assertEqual(estimator.params['lr'], 0.1)
+
+  def test_tpu_batch_error_counts_replicas(self):
+    # models/training.py checks its flags with the same function.
+    self.assertIsNone(eb_estimator.tpu_batch_error(16))
+    self.assertIn('by the 8 replicas (num_shards=8):',
+                  eb_estimator.tpu_batch_error(12))
+    self.assertIsNone(eb_estimator.tpu_batch_error(
+        12, num_shards=8, num_cores_per_replica=2))
+    self.assertIn('by the 4 replicas (num_shards=8 / num_cores_per_replica=2)',
+                  eb_estimator.tpu_batch_error(
+                      10, num_shards=8, num_cores_per_replica=2))
 
 
 if __name__ == '__main__':

@@ -5,8 +5,10 @@ import os
 import threading
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
+import estimator_bf16 as eb
 from estimator_bf16 import activation_stats
 from estimator_bf16 import guards
 from models import training
@@ -173,6 +175,7 @@ def _all_finite(model_dir):
              if dtype.is_floating)
 
 
+@pytest.mark.slow
 class GuardedTrainingTest(tf.test.TestCase):
 
   def test_cli_run_stops_with_step_and_tensor_and_good_checkpoint(self):
@@ -196,6 +199,36 @@ class GuardedTrainingTest(tf.test.TestCase):
       training.run(options)
 
 
+class MakeTpuEstimatorGuardTest(tf.test.TestCase):
+
+  def test_user_gets_an_op_error_that_translates_to_the_guard_error(self):
+    # What estimator.train raises with numeric_guard=True, as documented in
+    # make_tpu_estimator: the TensorFlow error, which translate_error names.
+
+    def model_fn(features, labels, mode, params):
+      del params
+      weight = tf.compat.v1.get_variable('w', initializer=tf.ones([4, 1]))
+      loss = tf.reduce_mean(tf.square(tf.matmul(features, weight) - labels))
+      train_op = tf.compat.v1.train.GradientDescentOptimizer(1e30).minimize(
+          loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+          mode, loss=loss, train_op=train_op)
+
+    def input_fn(params):
+      data = tf.data.Dataset.from_tensors((tf.ones([4]), tf.ones([1])))
+      return data.repeat().batch(params['batch_size'], drop_remainder=True)
+
+    estimator = eb.make_tpu_estimator(
+        model_fn, model_dir=self.create_tempdir().full_path,
+        precision='float32', train_batch_size=8, numeric_guard=True)
+    with self.assertRaises(tf.errors.InvalidArgumentError) as caught:
+      estimator.train(input_fn, max_steps=10)
+    error = guards.translate_error(caught.exception)
+    self.assertIsInstance(error, eb.NumericGuardError)
+    self.assertIsNotNone(error.step)
+
+
+@pytest.mark.slow
 class ActivationStatsTest(tf.test.TestCase):
 
   def test_bfloat16_run_reports_ranges_and_float32_reports_none(self):

@@ -6,6 +6,7 @@ subprocess runs the real command line. Bad options fail before any graph
 is built, with the flag named.
 """
 
+import dataclasses
 import functools
 import json
 import math
@@ -79,6 +80,7 @@ def _options(**overrides):
   return training.TrainOptions(**fields)
 
 
+@pytest.mark.slow
 class FamilyTrainingTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*_MODELS_AND_PRECISIONS)
@@ -214,6 +216,17 @@ class OptionsTest(tf.test.TestCase, parameterized.TestCase):
         (options.model, options.precision, options.bert_preset,
          options.optimizer, options.train_steps, options.learning_rate),
         ('bert', 'bfloat16', 'mini', 'adafactor', 7, None))
+
+  def test_flag_defaults_match_train_options(self):
+    # The CLI and `run(TrainOptions(...))` must start from the same run.
+    flag_values = flags.FlagValues()
+    train.define_flags(flag_values)
+    for field in dataclasses.fields(training.TrainOptions):
+      self.assertIn(field.name, flag_values)
+      # `model` and `model_dir` have no default: required flags.
+      expected = (None if field.default is dataclasses.MISSING
+                  else field.default)
+      self.assertEqual(flag_values[field.name].default, expected, field.name)
 
   @parameterized.named_parameters(
       ('unknown_model', '--model=vgg', 'model'),
