@@ -486,9 +486,9 @@ def _reads_trainable_variable(value):
 # softmax / log-softmax: float32 inside, the input's dtype outside.
 
 # Ops between a float32-list op and the cast that rounds its result in
-# TensorFlow's own loss code: reshapes and the final division of a mean.
-_PASS_THROUGH = frozenset(['Reshape', 'Identity', 'Squeeze', 'ExpandDims',
-                           'DivNoNan', 'RealDiv', 'Neg', 'Mul'])
+# TensorFlow's own loss code: rearrangements and the final division of a mean.
+_PASS_THROUGH = frozenset(casting.REARRANGING) | frozenset(
+    ['DivNoNan', 'RealDiv', 'Neg', 'Mul'])
 
 
 def _float32_list_result(value, depth=4):

@@ -44,7 +44,7 @@ def float32_original(tensor):
 
 # Ops that only rearrange values: the float32 original of their output is
 # the same op applied to the float32 original of their input.
-_REARRANGING = {
+REARRANGING = {
     'Reshape': lambda op, x: tf.reshape(x, op.inputs[1]),
     'ExpandDims': lambda op, x: tf.expand_dims(x, op.inputs[1]),
     'Squeeze': lambda op, x: tf.squeeze(x, op.get_attr('squeeze_dims')),
@@ -63,7 +63,7 @@ def _exact_float32(tensor, depth=4):
   original = float32_original(tensor)
   if original is not None or depth == 0 or not isinstance(tensor, tf.Tensor):
     return original
-  rebuild = _REARRANGING.get(tensor.op.type)
+  rebuild = REARRANGING.get(tensor.op.type)
   if rebuild is None:
     return None
   inner = _exact_float32(tensor.op.inputs[0], depth - 1)

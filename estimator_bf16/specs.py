@@ -52,19 +52,17 @@ def float32_spec(spec):
                     ' got %r.' % type(spec).__name__)
   changes = {}
   loss = spec.loss
-  original = casting.float32_original(loss)
-  if original is not None:
-    # Computed in float32 and rounded by TensorFlow's own loss code
-    # (tf.compat.v1.losses casts back to the logits' dtype): the float32
-    # value is the loss.
-    changes['loss'] = original
-  elif loss is not None and loss.dtype.base_dtype != tf.float32:
-    logging.warning(
-        'The loss of the wrapped model_fn is %s; it is cast to float32 for '
-        'the training loop, but it was reduced in %s. Compute it with '
-        'tf.compat.v1.losses or from tf.cast(logits, tf.float32).',
-        loss.dtype.name, loss.dtype.name)
-    changes['loss'] = tf.cast(loss, tf.float32)
+  if loss is not None and loss.dtype.base_dtype != tf.float32:
+    # A loss computed in float32 and rounded by TensorFlow's own loss code
+    # (tf.compat.v1.losses casts back to the logits' dtype) is replaced by
+    # its float32 value in to_float32; only a loss reduced in 16 bits warns.
+    if casting.float32_original(loss) is None:
+      logging.warning(
+          'The loss of the wrapped model_fn is %s; it is cast to float32 for '
+          'the training loop, but it was reduced in %s. Compute it with '
+          'tf.compat.v1.losses or from tf.cast(logits, tf.float32).',
+          loss.dtype.name, loss.dtype.name)
+    changes['loss'] = casting.to_float32(loss)
   if getattr(spec, 'predictions', None) is not None:
     changes['predictions'] = casting.to_float32(spec.predictions)
   if getattr(spec, 'export_outputs', None):

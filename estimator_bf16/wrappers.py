@@ -131,8 +131,9 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
     # The loss as computed: a float32 loss that TensorFlow's loss code cast
     # back to bfloat16 counts as the float32 loss it is.
     raw_loss = getattr(spec, 'loss', None)
-    if casting.float32_original(raw_loss) is not None:
-      raw_loss = casting.float32_original(raw_loss)
+    original = casting.float32_original(raw_loss)
+    if original is not None:
+      raw_loss = original
     spec = specs.float32_spec(spec)
     if mode == 'train' and audit != 'off':
       _audit_train_graph(raw_loss, strict=(audit == 'strict'))
