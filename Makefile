@@ -6,7 +6,7 @@ DEMO_DIR ?= runs/demo
 
 demo:
 	scripts/make_venv.sh .venv requirements.txt
-	.venv/bin/python -m models.demo --out_dir=$(DEMO_DIR)
+	.venv/bin/python -m estimator_bf16.models.demo --out_dir=$(DEMO_DIR)
 
 # The full suite on TensorFlow 2.15 (real TPUEstimator), then the backend
 # subset on the newest TensorFlow (estimator_bf16.compat).

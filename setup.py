@@ -34,7 +34,7 @@ setuptools.setup(
     entry_points={
         'console_scripts': [
             'estimator-bf16=estimator_bf16.cli:main',
-            'estimator-bf16-train=models.train:run',
+            'estimator-bf16-train=estimator_bf16.models.train:run',
             'tpu-submit=scripts.tpu_submit:main',
         ],
     },

@@ -29,14 +29,14 @@ class ModelSpec:
     family: a key of `benchmarks.graphs.FAMILIES` ('resnet', 'bert',
       'mnist_mlp', ...): which model code builds the network.
     batch_size: batch of the peak-memory and throughput measurements.
-    optimizer: name for `models.optimization.create_optimizer`; the usual
+    optimizer: name for `estimator_bf16.models.optimization.create_optimizer`; the usual
       one for the family (momentum for ResNet, BERT's AdamW, Adam for MLP).
     learning_rate: any sane value: the benchmark times steps, it does not
       need them to converge.
     resnet_depth: ResNet depth (18 or 50 here).
     image_size: side of the (square) input images.
     num_classes: width of the logits.
-    bert_preset: `models.bert.BertConfig.preset` name.
+    bert_preset: `estimator_bf16.models.bert.BertConfig.preset` name.
     seq_length: BERT tokens per example.
     vocab_size: BERT vocabulary; the real WordPiece size, since the embedding
       table is a large share of BERT's parameters and optimizer state.
@@ -152,7 +152,7 @@ def _quick_models():
 
 
 def _style_models():
-  """One row per code style (models/styles), in quick and full mode alike."""
+  """One row per code style (estimator_bf16/models/styles), in quick and full mode alike."""
   return (
       ModelSpec('bert_style_mini_seq128', 'bert_style', batch_size=32,
                 optimizer='adam', seq_length=128, num_classes=2,

@@ -3,8 +3,8 @@
 Each benchmark needs the same thing: one model's training step in one
 precision and batch size, in its own `tf.Graph` and `tf.compat.v1.Session`,
 so the two precisions can live side by side in one process. The step is the
-real thing: the unmodified model_fn of `models/head.py` around the network
-from `models/`, wrapped by `eb.wrap_model_fn`, fed by an input_fn wrapped by
+real thing: the unmodified model_fn of `estimator_bf16/models/head.py` around the network
+from `estimator_bf16/models/`, wrapped by `eb.wrap_model_fn`, fed by an input_fn wrapped by
 `eb.wrap_input_fn` (the bfloat16 cast happens in the input pipeline).
 
 The data are synthetic: the (wrapped) input_fn's first batch is stored in
@@ -25,7 +25,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import estimator_bf16 as eb
-from models import head
+from estimator_bf16.models import head
 
 _SEED = 1
 
@@ -49,7 +49,7 @@ class TrainStep:
 
 
 def _resnet(spec):
-  from models import resnet  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.models import resnet  # pylint: disable=g-import-not-at-top
   config = resnet.ResNetConfig(depth=spec.resnet_depth,
                                num_classes=spec.num_classes,
                                image_size=spec.image_size)
@@ -57,7 +57,7 @@ def _resnet(spec):
 
 
 def _bert(spec):
-  from models import bert  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.models import bert  # pylint: disable=g-import-not-at-top
   config = bert.BertConfig.preset(spec.bert_preset, vocab_size=spec.vocab_size)
   # BERT requests its variables in an explicit dtype, read from params.
   return lambda params: bert.bert_classifier(
@@ -66,7 +66,7 @@ def _bert(spec):
 
 
 def _mnist_mlp(spec):
-  from models import mnist  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.models import mnist  # pylint: disable=g-import-not-at-top
   config = mnist.MnistConfig(image_size=spec.image_size,
                              num_classes=spec.num_classes)
   return lambda params: mnist.mnist_mlp(config)
@@ -74,7 +74,7 @@ def _mnist_mlp(spec):
 
 def _bert_style(spec):
   """google-research/bert-style code (dtype-less get_variable), BERT-mini."""
-  from models.styles import bert_style  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.models.styles import bert_style  # pylint: disable=g-import-not-at-top
   config = bert_style.BertStyleConfig(
       vocab_size=spec.vocab_size, hidden_size=256, num_layers=4, num_heads=4,
       intermediate_size=1024, max_positions=spec.seq_length)
@@ -83,11 +83,11 @@ def _bert_style(spec):
 
 
 def _image_style(module_name):
-  """Keras-layers or tf-slim conv nets of models/styles, unmodified."""
+  """Keras-layers or tf-slim conv nets of estimator_bf16/models/styles, unmodified."""
 
   def builder(spec):
     del spec  # the style nets size themselves from their input
-    module = importlib.import_module('models.styles.' + module_name)
+    module = importlib.import_module('estimator_bf16.models.styles.' + module_name)
     return lambda params: module.network
 
   return builder

@@ -21,7 +21,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from benchmarks import throughput
 from estimator_bf16.compat import distribute
-from models import mnist
+from estimator_bf16.models import mnist
 
 NOTE = ('Logical CPU devices share this machine\'s %d cores: on a 2-core '
         'machine this measures that data parallelism runs correctly and '

@@ -173,7 +173,7 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       before that step's update is applied (see `estimator_bf16.guards`).
       `train` then raises `tf.errors.InvalidArgumentError`;
       `guards.translate_error` turns it into a `NumericGuardError` naming
-      the step and the tensor (`models.training` does so for the CLI).
+      the step and the tensor (`estimator_bf16.models.training` does so for the CLI).
     distribute: None, or a `tf.distribute.MirroredStrategy` (local GPUs or
       logical CPUs) or `MultiWorkerMirroredStrategy` (hosts, TF_CONFIG),
       e.g. from `eb.make_strategy`; needs `use_tpu=False`. Training is then

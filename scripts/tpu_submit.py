@@ -13,7 +13,7 @@
   python scripts/tpu_submit.py ai-platform submit ... --dry-run
   common flags: --dry-run --gcloud=PATH --project=P --quiet
 
-Everything after `--` goes verbatim to `python -m models.train` on the TPU
+Everything after `--` goes verbatim to `python -m estimator_bf16.models.train` on the TPU
 host, or with --program to the user's own program, which runs there
 unmodified under `python -m estimator_bf16 run`. Exit codes: 2 for a rejected command line (no gcloud call is made),
 otherwise the exit code of the first failing command.

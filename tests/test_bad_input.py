@@ -2,7 +2,7 @@
 
 Each case writes MNIST-format TFRecords with one defect (or a model_dir
 with one problem) and runs `training.run`, the function behind
-`python -m models.train`. The error must name the file (and record, flag
+`python -m estimator_bf16.models.train`. The error must name the file (and record, flag
 or variables) at fault, and the run must leave no new checkpoint behind.
 The BERT and ImageNet readers get the same record checks.
 """
@@ -17,11 +17,11 @@ import pytest
 import tensorflow as tf
 
 from estimator_bf16 import recovery
-from models import bert_input
-from models import digits
-from models import imagenet_input
-from models import records
-from models import training
+from estimator_bf16.models import bert_input
+from estimator_bf16.models import digits
+from estimator_bf16.models import imagenet_input
+from estimator_bf16.models import records
+from estimator_bf16.models import training
 
 _RECORDS = 48  # per file: small, but six batches of 8
 _BATCH = 8

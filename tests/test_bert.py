@@ -1,4 +1,4 @@
-"""Tests for models/bert.py: presets, training, masking and bfloat16 audit.
+"""Tests for estimator_bf16/models/bert.py: presets, training, masking and bfloat16 audit.
 
 BERT-tiny at sequence length 16 is run; BERT-base at 128 is only built, and
 its graph audited.
@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from models import bert
-from models import bert_input
+from estimator_bf16.models import bert
+from estimator_bf16.models import bert_input
 
 _PRECISIONS = (
     dict(testcase_name='float32', precision='float32'),

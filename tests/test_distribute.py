@@ -19,7 +19,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16 import cluster
 from estimator_bf16.compat import distribute
-from models import training
+from estimator_bf16.models import training
 from tests import isolated_cache
 
 _FEATURES = 12
@@ -315,7 +315,7 @@ class TFConfigTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class CliTest(tf.test.TestCase):
-  """--distribute and --cpu_devices of the training CLI (models.training)."""
+  """--distribute and --cpu_devices of the training CLI (estimator_bf16.models.training)."""
 
   def _options(self, **kwargs):
     values = dict(model='mnist_mlp', model_dir=os.path.join(

@@ -181,7 +181,7 @@ class MakeEstimatorErrorsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(estimator.params['lr'], 0.1)
 
   def test_tpu_batch_error_counts_replicas(self):
-    # models/training.py checks its flags with the same function.
+    # estimator_bf16/models/training.py checks its flags with the same function.
     self.assertIsNone(eb_estimator.tpu_batch_error(16))
     self.assertIn('by the 8 replicas (num_shards=8):',
                   eb_estimator.tpu_batch_error(12))

@@ -6,8 +6,8 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from models import bert_input
-from models import imagenet_input
+from estimator_bf16.models import bert_input
+from estimator_bf16.models import imagenet_input
 
 _PRECISIONS = (
     dict(testcase_name='float32', precision='float32', dtype=tf.float32),

@@ -1,6 +1,6 @@
 """Multi-worker training: processes on 127.0.0.1, TF_CONFIG, failures.
 
-`python -m estimator_bf16.launch --workers=2 -- python -m models.train
+`python -m estimator_bf16.launch --workers=2 -- python -m estimator_bf16.models.train
 --distribute=multi_worker ...` trains the MNIST MLP on the digits in
 bfloat16 with MultiWorkerMirroredStrategy to the accuracy of one process.
 Killing a worker mid-run stops the job within a bounded time, naming the
@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_bf16 import launch
-from models import training
+from estimator_bf16.models import training
 from tests import isolated_cache
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def tearDownModule():
 
 
 def _command(model_dir, steps=_STEPS, extra=()):
-  return [sys.executable, '-m', 'models.train', '--model=mnist_mlp',
+  return [sys.executable, '-m', 'estimator_bf16.models.train', '--model=mnist_mlp',
           '--precision=bfloat16', '--distribute=multi_worker',
           '--model_dir=%s' % model_dir, '--train_steps=%d' % steps,
           '--train_batch_size=%d' % _BATCH, '--export=false',

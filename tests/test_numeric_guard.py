@@ -11,7 +11,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16 import activation_stats
 from estimator_bf16 import guards
-from models import training
+from estimator_bf16.models import training
 from tests import isolated_cache
 
 _CACHE = isolated_cache.IsolatedCache()

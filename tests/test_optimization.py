@@ -1,4 +1,4 @@
-"""Tests for models.optimization and models.adamw."""
+"""Tests for estimator_bf16.models.optimization and estimator_bf16.models.adamw."""
 
 from absl.testing import parameterized
 import numpy as np
@@ -6,8 +6,8 @@ import tensorflow as tf
 
 from estimator_bf16.adafactor import AdafactorOptimizer
 from estimator_bf16.scope import bfloat16_scope
-from models import optimization
-from models.adamw import AdamWeightDecayOptimizer
+from estimator_bf16.models import optimization
+from estimator_bf16.models.adamw import AdamWeightDecayOptimizer
 
 
 def setUpModule():

@@ -1,4 +1,4 @@
-"""Tests for models/resnet.py: shapes, training, batch norm and bfloat16 audit.
+"""Tests for estimator_bf16/models/resnet.py: shapes, training, batch norm and bfloat16 audit.
 
 Small networks (ResNet-18 on 32x32 images) are run; ResNet-50 at 224x224 is
 only built, and its graph audited.
@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from models import imagenet_input
-from models import resnet
+from estimator_bf16.models import imagenet_input
+from estimator_bf16.models import resnet
 
 _PRECISIONS = (
     dict(testcase_name='float32', precision='float32'),

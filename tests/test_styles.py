@@ -1,6 +1,6 @@
 """Unmodified models of every style train in bfloat16 (autocast acceptance).
 
-Each style model (models/styles) is legacy code that knows nothing of this
+Each style model (estimator_bf16/models/styles) is legacy code that knows nothing of this
 package. Under precision 'bfloat16' at least 95% of its matmul/conv ops --
 forward and backward -- must compute in bfloat16, none may be a SparseMatMul,
 and every variable must be float32 under the name a float32 build gives it.
@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from models.styles import STYLES
+from estimator_bf16.models.styles import STYLES
 
 MATRIX_OPS = frozenset([
     'MatMul', 'BatchMatMul', 'BatchMatMulV2', 'BatchMatMulV3', 'SparseMatMul',

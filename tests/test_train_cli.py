@@ -1,4 +1,4 @@
-"""Tests for the training CLI, its library (`models.training`) and the head.
+"""Tests for the training CLI, its library (`estimator_bf16.models.training`) and the head.
 
 Every model family trains a few steps in both precisions through
 `training.run` (the function the CLI calls), evaluates and exports; one
@@ -22,11 +22,11 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from models import head
-from models import registry
-from models import report
-from models import train
-from models import training
+from estimator_bf16.models import head
+from estimator_bf16.models import registry
+from estimator_bf16.models import report
+from estimator_bf16.models import train
+from estimator_bf16.models import training
 from tests import isolated_cache
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -272,7 +272,7 @@ class CommandLineTest(tf.test.TestCase):
 
   def _run_cli(self, *arguments):
     return subprocess.run(
-        [sys.executable, '-m', 'models.train'] + list(arguments), cwd=_REPO,
+        [sys.executable, '-m', 'estimator_bf16.models.train'] + list(arguments), cwd=_REPO,
         capture_output=True, text=True, timeout=600,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
 

@@ -1,6 +1,6 @@
 """Builds the trainer package (an sdist of this repository) for the TPU host.
 
-The package carries `estimator_bf16` and `models`, so `python -m models.train`
+The package carries `estimator_bf16` and `models`, so `python -m estimator_bf16.models.train`
 runs on the TPU VM or in the Vertex AI container exactly as it does locally.
 """
 

@@ -47,7 +47,7 @@ def remote_command(args, package, program=None):
   """The shell line run on each TPU host: install the package, then train.
 
   With a `program.Program`, the training command is the user's program
-  under `estimator_bf16 run` instead of models.train.
+  under `estimator_bf16 run` instead of estimator_bf16.models.train.
 
   This is the one shell string in the script, and it runs remotely: every
   word is quoted, so the user's arguments reach the trainer verbatim.

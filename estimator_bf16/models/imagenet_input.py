@@ -13,7 +13,7 @@ Batches drop their remainder: a TPU compiles for one static batch shape.
 import numpy as np
 import tensorflow as tf
 
-from models import records
+from estimator_bf16.models import records
 
 # Per-channel RGB mean and standard deviation of ImageNet, on a 0..255 scale.
 _MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)

@@ -7,7 +7,7 @@ its moving averages go to UPDATE_OPS, slim's default.
 import tensorflow as tf
 import tf_slim as slim
 
-from models.styles import synthetic
+from estimator_bf16.models.styles import synthetic
 
 NUM_CLASSES = synthetic.IMAGE_CLASSES
 

@@ -1,4 +1,4 @@
-"""The train / evaluate / export loop behind `python -m models.train`.
+"""The train / evaluate / export loop behind `python -m estimator_bf16.models.train`.
 
 `TrainOptions` mirrors the CLI flags one to one, so tests and the demo call
 `run(TrainOptions(...))` without flags. Unset (None) fields take the model's
@@ -22,12 +22,12 @@ from estimator_bf16 import guards
 from estimator_bf16 import recovery
 from estimator_bf16 import strategies
 from estimator_bf16.compat import distribute as compat_distribute
-from models import bert
-from models import optimization
-from models import preflight
-from models import records
-from models import registry
-from models import resnet
+from estimator_bf16.models import bert
+from estimator_bf16.models import optimization
+from estimator_bf16.models import preflight
+from estimator_bf16.models import records
+from estimator_bf16.models import registry
+from estimator_bf16.models import resnet
 
 _MAX_SEQ_LENGTH = 512  # BERT's position table
 # Data sets generated in the graph: nothing on disk can be bad.
@@ -137,7 +137,7 @@ def _check_data(options):
     _check(not (options.use_tpu and options.dataset == 'digits' and
                 options.tpu != 'local'), '--data_dir',
            'a Cloud TPU reads data from gs://: write the digits with '
-           '`python -m models.digits --out_dir=gs://...` and pass that '
+           '`python -m estimator_bf16.models.digits --out_dir=gs://...` and pass that '
            'directory.')
     return
   _check(options.data_dir, '--data_dir', '--dataset=%s is a real data set '
@@ -161,7 +161,7 @@ def _check_model_sizes(options):
     _check(options.bert_preset in bert.PRESETS, '--bert_preset',
            'must be one of %s, got %r.', ', '.join(bert.PRESETS),
            options.bert_preset)
-    # The synthetic task (models/bert_input.py) needs 8 tokens per sequence
+    # The synthetic task (estimator_bf16/models/bert_input.py) needs 8 tokens per sequence
     # and ids for [PAD], [CLS], [SEP], one marker per class and 8 fillers.
     shortest = 8 if options.dataset == 'synthetic' else 2
     _check(shortest <= options.seq_length <= _MAX_SEQ_LENGTH, '--seq_length',

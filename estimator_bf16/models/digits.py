@@ -6,7 +6,7 @@ scaled up 3x (nearest neighbour, 24x24) and padded by 2 pixels to MNIST's
 28x28, with ink 0..16 mapped to 0..255 uint8, then split into train and test
 with a fixed seed.
 
-    python -m models.digits --out_dir=data/digits
+    python -m estimator_bf16.models.digits --out_dir=data/digits
 
 writes `train.tfrecords` (1,437 images) and `test.tfrecords` (360 images).
 `ensure_digits()` does the same on demand into a cache directory.
@@ -93,7 +93,7 @@ def write_digits(out_dir, seed=0):
   Returns:
     dict with the number of 'train' and 'test' examples written.
   """
-  from models import mnist_input  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.models import mnist_input  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   (train_x, train_y), (test_x, test_y) = split(*digits_as_mnist(), seed=seed)
   train_path, test_path = mnist_input.data_files(out_dir)

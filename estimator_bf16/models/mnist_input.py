@@ -1,7 +1,7 @@
 """Reads MNIST-format TFRecords into `({'image': ...}, label)` batches.
 
 The format is the one TensorFlow's MNIST `convert_to_records.py` writes and
-`models.digits` writes from scikit-learn's digits: one `tf.train.Example` per
+`estimator_bf16.models.digits` writes from scikit-learn's digits: one `tf.train.Example` per
 image with
 
   image_raw: bytes, H*W uint8 pixels, row-major (0 = background).
@@ -12,7 +12,7 @@ directory holds `train.tfrecords` and `test.tfrecords`.
 
 A record without `image_raw` or `label`, an image of the wrong size or a
 label outside [0, num_classes) fails with a message naming the record's
-file and byte offset (see `models/records.py`).
+file and byte offset (see `estimator_bf16/models/records.py`).
 """
 
 import os
@@ -20,7 +20,7 @@ import os
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from models import records
+from estimator_bf16.models import records
 
 TRAIN_FILE = 'train.tfrecords'
 TEST_FILE = 'test.tfrecords'

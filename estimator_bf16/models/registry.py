@@ -16,15 +16,15 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from models import bert
-from models import bert_input
-from models import digits
-from models import head
-from models import imagenet_input
-from models import mnist
-from models import mnist_input
-from models import records
-from models import resnet
+from estimator_bf16.models import bert
+from estimator_bf16.models import bert_input
+from estimator_bf16.models import digits
+from estimator_bf16.models import head
+from estimator_bf16.models import imagenet_input
+from estimator_bf16.models import mnist
+from estimator_bf16.models import mnist_input
+from estimator_bf16.models import records
+from estimator_bf16.models import resnet
 
 MODELS = ('resnet', 'mnist_mlp', 'mnist_cnn', 'bert')
 

@@ -16,7 +16,7 @@ import os
 
 import tensorflow as tf
 
-from models import records
+from estimator_bf16.models import records
 
 
 class ModelDirError(ValueError):

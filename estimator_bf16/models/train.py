@@ -1,18 +1,18 @@
 r"""Trains, evaluates and exports a reference model in float32 or bfloat16.
 
-    python -m models.train --model=mnist_mlp --precision=bfloat16 \
+    python -m estimator_bf16.models.train --model=mnist_mlp --precision=bfloat16 \
         --model_dir=runs/mnist_bf16
 
 Without --data_dir each model reads built-in data (scikit-learn's digits for
 the MNIST nets, synthetic data for ResNet and BERT) at small default sizes.
 On a Cloud TPU add --use_tpu --tpu=NAME and a gs:// --model_dir/--data_dir;
-the code is the same. The loop lives in `models/training.py`; the per-model
-defaults of unset flags in `models/registry.py` (`DEFAULTS`).
+the code is the same. The loop lives in `estimator_bf16/models/training.py`; the per-model
+defaults of unset flags in `estimator_bf16/models/registry.py` (`DEFAULTS`).
 
 Data parallel: --distribute=mirrored uses the local GPUs (or, with
 --cpu_devices=N, N logical CPU devices); --distribute=multi_worker runs one
 process per host, described by TF_CONFIG (`python -m estimator_bf16.launch
---workers=2 -- python -m models.train ...` writes it on one machine). See
+--workers=2 -- python -m estimator_bf16.models.train ...` writes it on one machine). See
 docs/distribute.md.
 
 Rerunning the same command resumes from the last checkpoint. On SIGTERM the
@@ -31,10 +31,10 @@ from absl import flags
 
 import estimator_bf16 as eb
 from estimator_bf16 import strategies
-from models import bert
-from models import optimization
-from models import registry
-from models import training
+from estimator_bf16.models import bert
+from estimator_bf16.models import optimization
+from estimator_bf16.models import registry
+from estimator_bf16.models import training
 
 # Stopped by SIGTERM after writing a checkpoint: the usual 128 + signal.
 PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM

@@ -1,6 +1,6 @@
 r"""The main demo: the same MNIST MLP in float32 and bfloat16, compared.
 
-    python -m models.demo --out_dir=runs/demo
+    python -m estimator_bf16.models.demo --out_dir=runs/demo
 
 Trains the Keras-tutorial MLP (Flatten, Dense 512 ReLU, Dropout 0.2,
 Dense 10) on scikit-learn's shipped digits with an unmodified TPUEstimator
@@ -30,8 +30,8 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16 import cpu as eb_cpu
 from estimator_bf16.memory import PeakMemoryHook
-from models import report
-from models import training
+from estimator_bf16.models import report
+from estimator_bf16.models import training
 
 
 def define_flags():
@@ -115,6 +115,6 @@ def main(argv):
 
 if __name__ == '__main__':
   if eb.BACKEND == 'compat':
-    eb.compat.install()  # TensorFlow 2.16+: see models/train.py.
+    eb.compat.install()  # TensorFlow 2.16+: see estimator_bf16/models/train.py.
   define_flags()
   app.run(main)

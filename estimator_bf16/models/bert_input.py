@@ -10,7 +10,7 @@ network takes the compute dtype as an argument.
 import numpy as np
 import tensorflow as tf
 
-from models import records
+from estimator_bf16.models import records
 
 _ID_KEYS = ('input_ids', 'input_mask', 'segment_ids')
 

@@ -15,7 +15,7 @@ list active; the same model_fn trains in float32 without the wrapper.
 
 import tensorflow as tf
 
-from models import optimization
+from estimator_bf16.models import optimization
 
 _SERVING_KEY = (
     tf.compat.v1.saved_model.signature_constants

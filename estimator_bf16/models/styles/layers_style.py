@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from models.styles import synthetic
+from estimator_bf16.models.styles import synthetic
 
 NUM_CLASSES = synthetic.IMAGE_CLASSES
 

@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from models import head
+from estimator_bf16.models import head
 
 IMAGE_SIZE = 8
 IMAGE_CLASSES = 4

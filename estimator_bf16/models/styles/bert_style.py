@@ -15,7 +15,7 @@ import math
 import tensorflow as tf
 import tf_slim as slim
 
-from models.styles import synthetic
+from estimator_bf16.models.styles import synthetic
 
 NUM_CLASSES = 2
 

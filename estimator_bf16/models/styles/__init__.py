@@ -16,10 +16,10 @@ estimator_bf16, written the way its style's users write it:
 google-research/bert's run_classifier builds them) and `NUM_CLASSES`.
 """
 
-from models.styles import bert_style
-from models.styles import keras_style
-from models.styles import layers_style
-from models.styles import slim_style
+from estimator_bf16.models.styles import bert_style
+from estimator_bf16.models.styles import keras_style
+from estimator_bf16.models.styles import layers_style
+from estimator_bf16.models.styles import slim_style
 
 STYLES = {
     'bert_style': bert_style,

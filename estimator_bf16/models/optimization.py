@@ -13,8 +13,8 @@ works unchanged whether the network runs in float32 or bfloat16:
 import tensorflow as tf
 
 from estimator_bf16.adafactor import AdafactorOptimizer
-from models.adamw import DEFAULT_EXCLUDE
-from models.adamw import AdamWeightDecayOptimizer
+from estimator_bf16.models.adamw import DEFAULT_EXCLUDE
+from estimator_bf16.models.adamw import AdamWeightDecayOptimizer
 
 OPTIMIZERS = ('sgd', 'momentum', 'adam', 'adamw', 'adafactor')
 

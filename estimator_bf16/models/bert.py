@@ -18,7 +18,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from models import bert_layers
+from estimator_bf16.models import bert_layers
 
 # name -> (layers, hidden size, attention heads); the sizes of the published
 # English BERT models (Turc et al., 2019, for the small ones).
