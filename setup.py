@@ -1,4 +1,10 @@
-"""Packaging for estimator_bf16 (library), models (reference models, CLI)."""
+"""Packaging for estimator_bf16: the library, its reference models and programs.
+
+Only the `estimator_bf16` package is installed (so no top-level name collides
+with a user's own `models` or `scripts`); the reference models, the training
+CLI and the TPU submission program live under it. `benchmarks/`, `scripts/`
+and `tests/` are for working in the repository and are not installed.
+"""
 
 import setuptools
 
@@ -10,9 +16,7 @@ setuptools.setup(
     long_description=open('README.md').read(),
     long_description_content_type='text/markdown',
     packages=setuptools.find_packages(include=['estimator_bf16',
-                                               'estimator_bf16.*', 'models',
-                                               'models.*', 'scripts', 'scripts.*',
-                                               'benchmarks']),
+                                               'estimator_bf16.*']),
     python_requires='>=3.9',
     install_requires=[
         # 2.15 is the last release with tf.estimator (the real TPUEstimator,
@@ -34,8 +38,8 @@ setuptools.setup(
     entry_points={
         'console_scripts': [
             'estimator-bf16=estimator_bf16.cli:main',
-            'estimator-bf16-train=estimator_bf16.models.train:run',
-            'tpu-submit=scripts.tpu_submit:main',
+            'estimator-bf16-train=estimator_bf16.models.train_cli:run',
+            'tpu-submit=estimator_bf16.tpu_submit.main:main',
         ],
     },
 )

@@ -11,7 +11,7 @@ Estimator's evaluation.
 import os
 import shutil
 
-from estimator_bf16.models import report as models_report
+from estimator_bf16.models import precision_comparison as models_report
 from estimator_bf16.models import training
 
 # The synthetic marker task: short sequences and a larger batch and rate

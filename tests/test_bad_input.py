@@ -2,7 +2,7 @@
 
 Each case writes MNIST-format TFRecords with one defect (or a model_dir
 with one problem) and runs `training.run`, the function behind
-`python -m estimator_bf16.models.train`. The error must name the file (and record, flag
+`python -m estimator_bf16.models.train_cli`. The error must name the file (and record, flag
 or variables) at fault, and the run must leave no new checkpoint behind.
 The BERT and ImageNet readers get the same record checks.
 """

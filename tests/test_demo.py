@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_bf16.models import report
+from estimator_bf16.models import precision_comparison
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ROW_LABELS = ('eval accuracy', 'eval loss', 'final train loss',
@@ -54,7 +54,7 @@ class ReportTest(tf.test.TestCase):
         'bfloat16': dict(accuracy=0.9, eval_loss=0.5, final_train_loss=0.2,
                          examples_per_sec=1500.0, peak_mib=None),
     }
-    lines = report.comparison_table(rows).splitlines()
+    lines = precision_comparison.comparison_table(rows).splitlines()
     by_label = {line.split('  ')[0].strip(): line for line in lines[2:]}
     self.assertTrue(by_label['examples/sec (training)'].endswith('1.50x'))
     self.assertTrue(by_label['eval loss'].endswith('1.25x'))
@@ -72,14 +72,14 @@ class ReportTest(tf.test.TestCase):
         sess.run(writer.init())
         sess.run(ops)
         sess.run(writer.flush())
-    steps, values = report.read_scalars(model_dir)
+    steps, values = precision_comparison.read_scalars(model_dir)
     self.assertAllEqual(steps, [0, 1, 2])
     self.assertAllClose(values, [1.0, 0.5, 1.0 / 3])
 
   def test_plot_writes_png(self):
     path = os.path.join(self.create_tempdir().full_path, 'curves.png')
     curve = (np.arange(5), np.linspace(2.0, 0.1, 5))
-    report.plot_loss_curves({'float32': curve, 'bfloat16': curve}, path)
+    precision_comparison.plot_loss_curves({'float32': curve, 'bfloat16': curve}, path)
     self.assertGreater(os.path.getsize(path), 1000)
 
 

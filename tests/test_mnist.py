@@ -224,7 +224,7 @@ class DigitsTest(tf.test.TestCase):
   @pytest.mark.slow
   def test_command_writes_records(self):
     out_dir = self.create_tempdir().full_path
-    subprocess.run([sys.executable, '-m', 'estimator_bf16.models.digits',
+    subprocess.run([sys.executable, '-m', 'estimator_bf16.models.digits_cli',
                     '--out_dir=' + out_dir], cwd=_REPO, check=True,
                    capture_output=True, timeout=300)
     self.assertCountEqual(os.listdir(out_dir),

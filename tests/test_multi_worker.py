@@ -1,6 +1,6 @@
 """Multi-worker training: processes on 127.0.0.1, TF_CONFIG, failures.
 
-`python -m estimator_bf16.launch --workers=2 -- python -m estimator_bf16.models.train
+`python -m estimator_bf16.launch --workers=2 -- python -m estimator_bf16.models.train_cli
 --distribute=multi_worker ...` trains the MNIST MLP on the digits in
 bfloat16 with MultiWorkerMirroredStrategy to the accuracy of one process.
 Killing a worker mid-run stops the job within a bounded time, naming the
@@ -47,7 +47,7 @@ def tearDownModule():
 
 
 def _command(model_dir, steps=_STEPS, extra=()):
-  return [sys.executable, '-m', 'estimator_bf16.models.train', '--model=mnist_mlp',
+  return [sys.executable, '-m', 'estimator_bf16.models.train_cli', '--model=mnist_mlp',
           '--precision=bfloat16', '--distribute=multi_worker',
           '--model_dir=%s' % model_dir, '--train_steps=%d' % steps,
           '--train_batch_size=%d' % _BATCH, '--export=false',

@@ -1,4 +1,4 @@
-"""Kill `python -m estimator_bf16.models.train` at bad moments; it must resume correctly.
+"""Kill `python -m estimator_bf16.models.train_cli` at bad moments; it must resume correctly.
 
 One model_dir goes through a series of real processes of the CLI, each
 stopped in a different way: SIGKILL at a random step, SIGKILL while a
@@ -90,7 +90,7 @@ class _Run(object):
     self.restored = None  # the step of 'Restoring parameters from'
     self.stopped = None  # 'Stopping at global step N on SIGTERM'
     command = [
-        sys.executable, '-m', 'estimator_bf16.models.train', '--model=mnist_mlp',
+        sys.executable, '-m', 'estimator_bf16.models.train_cli', '--model=mnist_mlp',
         '--precision=bfloat16', '--model_dir=' + model_dir,
         '--train_steps=%d' % _STEPS, '--train_batch_size=8',
         '--save_checkpoints_steps=%d' % _INTERVAL, '--keep_checkpoint_max=3',

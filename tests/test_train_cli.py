@@ -24,8 +24,8 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.models import head
 from estimator_bf16.models import registry
-from estimator_bf16.models import report
-from estimator_bf16.models import train
+from estimator_bf16.models import precision_comparison
+from estimator_bf16.models import train_cli
 from estimator_bf16.models import training
 from tests import isolated_cache
 
@@ -93,10 +93,10 @@ class FamilyTrainingTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(result['examples_per_sec'], 0)
     model_dir = result['options']['model_dir']
     # The host_call wrote one loss per step; the Estimator wrote eval/.
-    steps, losses = report.read_scalars(model_dir, 'train/loss')
+    steps, losses = precision_comparison.read_scalars(model_dir, 'train/loss')
     self.assertAllEqual(steps, np.arange(_STEPS))
     self.assertTrue(np.all(np.isfinite(losses)))
-    rate_steps, _ = report.read_scalars(model_dir, 'train/learning_rate')
+    rate_steps, _ = precision_comparison.read_scalars(model_dir, 'train/learning_rate')
     self.assertLen(rate_steps, _STEPS)
     self.assertNotEmpty(tf.io.gfile.glob(os.path.join(model_dir, 'eval*')))
 
@@ -207,11 +207,11 @@ class OptionsTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_flags_parse_into_options(self):
     flag_values = flags.FlagValues()
-    train.define_flags(flag_values)
+    train_cli.define_flags(flag_values)
     flag_values(['train', '--model=bert', '--model_dir=unused',
                  '--precision=bfloat16', '--bert_preset=mini',
                  '--optimizer=adafactor', '--train_steps=7'])
-    options = train.options_from_flags(flag_values)
+    options = train_cli.options_from_flags(flag_values)
     self.assertEqual(
         (options.model, options.precision, options.bert_preset,
          options.optimizer, options.train_steps, options.learning_rate),
@@ -220,7 +220,7 @@ class OptionsTest(tf.test.TestCase, parameterized.TestCase):
   def test_flag_defaults_match_train_options(self):
     # The CLI and `run(TrainOptions(...))` must start from the same run.
     flag_values = flags.FlagValues()
-    train.define_flags(flag_values)
+    train_cli.define_flags(flag_values)
     for field in dataclasses.fields(training.TrainOptions):
       self.assertIn(field.name, flag_values)
       # `model` and `model_dir` have no default: required flags.
@@ -236,7 +236,7 @@ class OptionsTest(tf.test.TestCase, parameterized.TestCase):
   )
   def test_flag_parser_rejects_bad_values(self, argument, flag):
     flag_values = flags.FlagValues()
-    train.define_flags(flag_values)
+    train_cli.define_flags(flag_values)
     with self.assertRaisesRegex(flags.IllegalFlagValueError, flag):
       flag_values(['train', '--model=mnist_mlp', '--model_dir=unused',
                    argument])
@@ -272,7 +272,7 @@ class CommandLineTest(tf.test.TestCase):
 
   def _run_cli(self, *arguments):
     return subprocess.run(
-        [sys.executable, '-m', 'estimator_bf16.models.train'] + list(arguments), cwd=_REPO,
+        [sys.executable, '-m', 'estimator_bf16.models.train_cli'] + list(arguments), cwd=_REPO,
         capture_output=True, text=True, timeout=600,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
 

@@ -38,7 +38,7 @@ USE_TPU_MESSAGE = (
     'it the TPU training loop) was removed in TensorFlow 2.16, and this '
     'backend runs on the CPU/GPU only. Pass use_tpu=False to train here, or '
     'run on a Cloud TPU with the TensorFlow 2.15 runtime (e.g. '
-    'tpu-vm-tf-2.15.0-pjrt; scripts/tpu_submit.py picks it), where '
+    'tpu-vm-tf-2.15.0-pjrt; tpu-submit picks it), where '
     'estimator_bf16 uses the real TPUEstimator.')
 
 

@@ -30,7 +30,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16 import cpu as eb_cpu
 from estimator_bf16.memory import PeakMemoryHook
-from estimator_bf16.models import report
+from estimator_bf16.models import precision_comparison
 from estimator_bf16.models import training
 
 
@@ -60,7 +60,7 @@ def train_both(out_dir, model='mnist_mlp', train_steps=300,
     export: also export each run's float32 SavedModel.
 
   Returns:
-    (rows, curves, results): `report.summary_row` dicts, (steps, losses)
+    (rows, curves, results): `precision_comparison.summary_row` dicts, (steps, losses)
     curves and raw `training.run` results, each keyed by precision.
   """
   rows, curves, results = {}, {}, {}
@@ -77,8 +77,8 @@ def train_both(out_dir, model='mnist_mlp', train_steps=300,
     results[precision] = training.run(options, hooks=[memory])
     peak = int(np.median(list(memory.per_step.values()) or [0]))
     results[precision]['peak_bytes'] = peak
-    curves[precision] = report.read_scalars(model_dir)
-    rows[precision] = report.summary_row(results[precision],
+    curves[precision] = precision_comparison.read_scalars(model_dir)
+    rows[precision] = precision_comparison.summary_row(results[precision],
                                          curves[precision][1], peak)
   return rows, curves, results
 
@@ -96,10 +96,10 @@ def main(argv):
   rows, curves, results = train_both(
       f.out_dir, model=f.model, train_steps=steps,
       train_batch_size=f.train_batch_size, export=not f.quick)
-  table = report.comparison_table(rows) + '\n\n' + report.cpu_bfloat16_note()
+  table = precision_comparison.comparison_table(rows) + '\n\n' + precision_comparison.cpu_bfloat16_note()
   title = '%s on the digits, %d steps of batch %d' % (
       f.model, steps, f.train_batch_size)
-  report.plot_loss_curves(curves, os.path.join(f.out_dir, 'loss_curves.png'),
+  precision_comparison.plot_loss_curves(curves, os.path.join(f.out_dir, 'loss_curves.png'),
                           title='Training loss: ' + title)
   with open(os.path.join(f.out_dir, 'results.json'), 'w') as out:
     json.dump({'title': title, 'rows': rows, 'runs': results,
@@ -115,6 +115,6 @@ def main(argv):
 
 if __name__ == '__main__':
   if eb.BACKEND == 'compat':
-    eb.compat.install()  # TensorFlow 2.16+: see estimator_bf16/models/train.py.
+    eb.compat.install()  # TensorFlow 2.16+: see estimator_bf16/models/train_cli.py.
   define_flags()
   app.run(main)

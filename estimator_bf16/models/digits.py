@@ -6,17 +6,14 @@ scaled up 3x (nearest neighbour, 24x24) and padded by 2 pixels to MNIST's
 28x28, with ink 0..16 mapped to 0..255 uint8, then split into train and test
 with a fixed seed.
 
-    python -m estimator_bf16.models.digits --out_dir=data/digits
-
-writes `train.tfrecords` (1,437 images) and `test.tfrecords` (360 images).
-`ensure_digits()` does the same on demand into a cache directory.
+`write_digits(out_dir)` writes `train.tfrecords` (1,437 images) and
+`test.tfrecords` (360 images); `ensure_digits()` does the same on demand into
+a cache directory, and `digits_cli` from the shell.
 """
 
 import os
 import tempfile
 
-from absl import app
-from absl import flags
 import numpy as np
 
 # Divisible by 8, 40, 72, 90 and 120: whole eval batches, nothing dropped.
@@ -139,21 +136,3 @@ def ensure_digits(cache_dir=None, seed=0):
       os.remove(os.path.join(staging, name))
     os.rmdir(staging)
   return data_dir
-
-
-def define_flags():
-  flags.DEFINE_string('out_dir', None, 'Directory for the TFRecords.')
-  flags.DEFINE_integer('seed', 0, 'Seed of the train/test split.')
-  flags.mark_flag_as_required('out_dir')
-
-
-def main(argv):
-  del argv
-  counts = write_digits(flags.FLAGS.out_dir, seed=flags.FLAGS.seed)
-  print('Wrote %d train and %d test examples to %s' %
-        (counts['train'], counts['test'], flags.FLAGS.out_dir))
-
-
-if __name__ == '__main__':
-  define_flags()
-  app.run(main)

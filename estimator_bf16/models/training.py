@@ -1,4 +1,4 @@
-"""The train / evaluate / export loop behind `python -m estimator_bf16.models.train`.
+"""The train / evaluate / export loop behind `python -m estimator_bf16.models.train_cli`.
 
 `TrainOptions` mirrors the CLI flags one to one, so tests and the demo call
 `run(TrainOptions(...))` without flags. Unset (None) fields take the model's
@@ -137,7 +137,7 @@ def _check_data(options):
     _check(not (options.use_tpu and options.dataset == 'digits' and
                 options.tpu != 'local'), '--data_dir',
            'a Cloud TPU reads data from gs://: write the digits with '
-           '`python -m estimator_bf16.models.digits --out_dir=gs://...` and pass that '
+           '`python -m estimator_bf16.models.digits_cli --out_dir=gs://...` and pass that '
            'directory.')
     return
   _check(options.data_dir, '--data_dir', '--dataset=%s is a real data set '

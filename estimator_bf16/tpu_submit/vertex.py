@@ -9,9 +9,9 @@ import os
 
 import yaml
 
-from scripts.tpu import common
-from scripts.tpu import packaging
-from scripts.tpu import validation
+from estimator_bf16.tpu_submit import common
+from estimator_bf16.tpu_submit import packaging
+from estimator_bf16.tpu_submit import validation
 
 # Vertex AI's prebuilt TensorFlow 2.15 training image for TPUs (Python 3.10),
 # mirrored in three multi-regions; the closest one is picked from --region.

@@ -5,10 +5,10 @@ import os
 import shutil
 from typing import Optional
 
-from scripts.tpu import runner as runner_lib
-from scripts.tpu import validation
+from estimator_bf16.tpu_submit import command_runner as runner_lib
+from estimator_bf16.tpu_submit import validation
 
-TRAINER_MODULE = 'estimator_bf16.models.train'
+TRAINER_MODULE = 'estimator_bf16.models.train_cli'
 
 
 @dataclasses.dataclass
@@ -58,7 +58,7 @@ def make_gcloud(args):
 
 
 def trainer_args(model_dir, data_dir, user_args):
-  """Arguments of `python -m estimator_bf16.models.train` on a TPU host.
+  """Arguments of `python -m estimator_bf16.models.train_cli` on a TPU host.
 
   The script owns --model_dir, --data_dir, --use_tpu and --tpu (each value is
   traceable to one submit flag); the user's arguments after `--` follow

@@ -1,6 +1,6 @@
 r"""Trains, evaluates and exports a reference model in float32 or bfloat16.
 
-    python -m estimator_bf16.models.train --model=mnist_mlp --precision=bfloat16 \
+    python -m estimator_bf16.models.train_cli --model=mnist_mlp --precision=bfloat16 \
         --model_dir=runs/mnist_bf16
 
 Without --data_dir each model reads built-in data (scikit-learn's digits for
@@ -12,7 +12,7 @@ defaults of unset flags in `estimator_bf16/models/registry.py` (`DEFAULTS`).
 Data parallel: --distribute=mirrored uses the local GPUs (or, with
 --cpu_devices=N, N logical CPU devices); --distribute=multi_worker runs one
 process per host, described by TF_CONFIG (`python -m estimator_bf16.launch
---workers=2 -- python -m estimator_bf16.models.train ...` writes it on one machine). See
+--workers=2 -- python -m estimator_bf16.models.train_cli ...` writes it on one machine). See
 docs/distribute.md.
 
 Rerunning the same command resumes from the last checkpoint. On SIGTERM the

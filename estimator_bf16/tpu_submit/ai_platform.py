@@ -5,10 +5,10 @@ training --scale-tier BASIC_TPU`. The service was shut down in January 2025,
 so the command is only shown (under --dry-run) next to the paths that work.
 """
 
-from scripts.tpu import common
-from scripts.tpu import packaging
-from scripts.tpu import runner as runner_lib
-from scripts.tpu import validation
+from estimator_bf16.tpu_submit import common
+from estimator_bf16.tpu_submit import packaging
+from estimator_bf16.tpu_submit import command_runner as runner_lib
+from estimator_bf16.tpu_submit import validation
 
 SHUTDOWN = (
     'AI Platform Training was shut down in January 2025, so `ai-platform '

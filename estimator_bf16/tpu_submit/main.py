@@ -1,36 +1,31 @@
-"""From laptop to Cloud TPU in one command: a gcloud job submission script.
+"""From laptop to Cloud TPU in one command: the `tpu-submit` program.
 
-  python scripts/tpu_submit.py tpu-vm {create,run,delete,up} --name=NAME \
+  tpu-submit tpu-vm {create,run,delete,up} --name=NAME \
       --zone=ZONE --accelerator-type=v3-8 --version=tpu-vm-tf-2.15.0-se \
       --model-dir=gs://... [--data-dir=gs://...] [--spot] [--keep] \
       [common flags] -- TRAINER ARGS
-  python scripts/tpu_submit.py tpu-vm {run,up} ... --program=DIR/main.py \
+  tpu-submit tpu-vm {run,up} ... --program=DIR/main.py \
       [--precision=bfloat16|float32] -- PROGRAM ARGS
-  python scripts/tpu_submit.py vertex submit --region=R --display-name=N \
+  tpu-submit vertex submit --region=R --display-name=N \
       --accelerator-type=TPU_V3 --staging-bucket=gs://... --model-dir=gs://... \
       [--timeout=2h] [--spot] [common flags] -- TRAINER ARGS
-  python scripts/tpu_submit.py vertex {status,logs,cancel} JOB_ID --region=R
-  python scripts/tpu_submit.py ai-platform submit ... --dry-run
+  tpu-submit vertex {status,logs,cancel} JOB_ID --region=R
+  tpu-submit ai-platform submit ... --dry-run
   common flags: --dry-run --gcloud=PATH --project=P --quiet
 
-Everything after `--` goes verbatim to `python -m estimator_bf16.models.train` on the TPU
-host, or with --program to the user's own program, which runs there
-unmodified under `python -m estimator_bf16 run`. Exit codes: 2 for a rejected command line (no gcloud call is made),
-otherwise the exit code of the first failing command.
+`tpu-submit` is the console script; `python -m estimator_bf16.tpu_submit` is
+the same program. Everything after `--` goes verbatim to
+`python -m estimator_bf16.models.train_cli` on the TPU host, or with
+--program to the user's own program, which runs there unmodified under
+`python -m estimator_bf16 run`. Exit codes: 2 for a rejected command line (no
+gcloud call is made), otherwise the exit code of the first failing command.
 """
 
-import os
 import sys
 
-if not __package__:
-  # Run as `python scripts/tpu_submit.py`: make the repository importable so
-  # `scripts.tpu` resolves as it does for the `tpu-submit` entry point.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
-
-from scripts.tpu import flags  # pylint: disable=g-import-not-at-top
-from scripts.tpu import packaging  # pylint: disable=g-import-not-at-top
-from scripts.tpu import validation  # pylint: disable=g-import-not-at-top
+from estimator_bf16.tpu_submit import arguments
+from estimator_bf16.tpu_submit import packaging
+from estimator_bf16.tpu_submit import validation
 
 
 def _error(message):
@@ -55,7 +50,7 @@ def main(argv=None):
     split = argv.index('--')
     head, trainer_args = argv[:split], argv[split + 1:]
   try:
-    args, unknown = flags.build_parser().parse_known_args(head)
+    args, unknown = arguments.build_parser().parse_known_args(head)
   except SystemExit as e:  # argparse has printed usage (or --help).
     return e.code if isinstance(e.code, int) else 2
   if unknown:
@@ -73,6 +68,3 @@ def main(argv=None):
   except KeyboardInterrupt:
     return 130
 
-
-if __name__ == '__main__':
-  sys.exit(main())

@@ -7,11 +7,11 @@ host (`--tpu=local`).
 
 import shlex
 
-from scripts.tpu import common
-from scripts.tpu import packaging
-from scripts.tpu import program as program_lib
-from scripts.tpu import runner as runner_lib
-from scripts.tpu import validation
+from estimator_bf16.tpu_submit import common
+from estimator_bf16.tpu_submit import packaging
+from estimator_bf16.tpu_submit import program as program_lib
+from estimator_bf16.tpu_submit import command_runner as runner_lib
+from estimator_bf16.tpu_submit import validation
 
 # Installed next to the package with --no-deps, because letting pip resolve
 # setup.py's `tensorflow` requirement could swap the runtime's TPU build of
@@ -47,7 +47,7 @@ def remote_command(args, package, program=None):
   """The shell line run on each TPU host: install the package, then train.
 
   With a `program.Program`, the training command is the user's program
-  under `estimator_bf16 run` instead of estimator_bf16.models.train.
+  under `estimator_bf16 run` instead of estimator_bf16.models.train_cli.
 
   This is the one shell string in the script, and it runs remotely: every
   word is quoted, so the user's arguments reach the trainer verbatim.

@@ -6,12 +6,12 @@ full story and argparse rejects what does not belong there.
 
 import argparse
 
-from scripts.tpu import ai_platform
-from scripts.tpu import tpu_vm
-from scripts.tpu import vertex
+from estimator_bf16.tpu_submit import ai_platform
+from estimator_bf16.tpu_submit import tpu_vm
+from estimator_bf16.tpu_submit import vertex
 
 _EPILOG = ('Trainer arguments go after `--` and reach `python -m '
-           'estimator_bf16.models.train` (or, with --program, your program) on the TPU host '
+           'estimator_bf16.models.train_cli` (or, with --program, your program) on the TPU host '
            'verbatim, e.g. -- --model=mnist_mlp --precision=bfloat16')
 
 
@@ -72,12 +72,12 @@ def _add_tpu_run(parser):
   _add_package(parser)
   program = parser.add_argument_group(
       'your own program', 'Run an unmodified TPUEstimator program instead of '
-      'estimator_bf16.models.train: its folder is copied to the TPU host and run there with '
+      'estimator_bf16.models.train_cli: its folder is copied to the TPU host and run there with '
       '`python -m estimator_bf16 run`; the arguments after `--` are the '
       "program's own (give it --tpu=local and gs:// paths).")
   program.add_argument('--program', metavar='PROGRAM.py',
                        help='the program to run in bfloat16 (instead of '
-                       'estimator_bf16.models.train; then --model-dir is not used)')
+                       'estimator_bf16.models.train_cli; then --model-dir is not used)')
   program.add_argument('--precision', help='bfloat16 (default) or float32 '
                        '(the program unchanged); only with --program')
 

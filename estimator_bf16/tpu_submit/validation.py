@@ -7,9 +7,11 @@ network or the file system, so a rejected command never costs a TPU.
 
 import re
 
+from estimator_bf16 import estimator
+
 # A Cloud TPU core count is given in TensorCores; every host of the v2, v3,
-# v4 and v5p generations holds 8 of them, so more than 8 means a pod slice.
-CORES_PER_HOST = 8
+# v4 and v5p generations holds one board's 8, so more means a pod slice.
+CORES_PER_HOST = estimator.TPU_CORES_PER_BOARD
 TPU_VM_GENERATIONS = ('v2', 'v3', 'v4', 'v5p')
 VERTEX_ACCELERATORS = ('TPU_V2', 'TPU_V3')
 
@@ -240,7 +242,7 @@ def _trainer_flag(trainer_args, name):
 def check_trainer_args(trainer_args):
   """Checks the arguments after `--` before a TPU is paid for.
 
-  estimator_bf16.models.train cannot start without --model, and the flags the script sets
+  estimator_bf16.models.train_cli cannot start without --model, and the flags the script sets
   itself must not be given twice.
 
   Raises:
@@ -249,7 +251,7 @@ def check_trainer_args(trainer_args):
   if (_trainer_flag(trainer_args, 'model') is None
       and _trainer_flag(trainer_args, 'flagfile') is None):
     raise UsageError(
-        'no --model among the trainer arguments: estimator_bf16.models.train needs one after '
+        'no --model among the trainer arguments: estimator_bf16.models.train_cli needs one after '
         '`--`, e.g. `-- --model=mnist_mlp --precision=bfloat16`.')
   for arg in flag_part(trainer_args):
     name = arg[2:].split('=', 1)[0] if arg.startswith('--') else None
@@ -261,7 +263,7 @@ def check_trainer_args(trainer_args):
 def check_num_shards(trainer_args, accelerator_type):
   """TPUEstimator runs one shard per core: 8 per host on TPU v2 and v3.
 
-  estimator_bf16.models.train defaults --num_shards to 8 (one v2-8 or v3-8 host), which is
+  estimator_bf16.models.train_cli defaults --num_shards to 8 (one v2-8 or v3-8 host), which is
   why a v2 -> v3 move needs no change while a pod slice needs the total.
   v4 and v5p are left alone: their chips may show as one device per chip.
 
@@ -275,7 +277,7 @@ def check_num_shards(trainer_args, accelerator_type):
   value = _trainer_flag(trainer_args, 'num_shards')
   if value is None and cores > CORES_PER_HOST:
     raise UsageError(
-        '%s has %d cores but estimator_bf16.models.train defaults to 8 shards (one host); '
+        '%s has %d cores but estimator_bf16.models.train_cli defaults to 8 shards (one host); '
         'add --num_shards=%d after --.' % (accelerator_type, cores, cores))
   if value is not None and value != str(cores):
     raise UsageError(

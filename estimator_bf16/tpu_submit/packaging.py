@@ -1,7 +1,8 @@
 """Builds the trainer package (an sdist of this repository) for the TPU host.
 
-The package carries `estimator_bf16` and `models`, so `python -m estimator_bf16.models.train`
-runs on the TPU VM or in the Vertex AI container exactly as it does locally.
+The package carries `estimator_bf16` (with its reference models), so
+`python -m estimator_bf16.models.train_cli` runs on the TPU VM or in the
+Vertex AI container exactly as it does locally.
 """
 
 import dataclasses
@@ -10,7 +11,7 @@ import re
 import sys
 from typing import List, Optional
 
-from scripts.tpu import validation
+from estimator_bf16.tpu_submit import validation
 
 # Relative to the repository root, where every command runs (see Runner.cwd).
 DEFAULT_WORK_DIR = os.path.join('build', 'tpu_submit')
@@ -80,7 +81,7 @@ def plan(package_flag, out_dir, root):
     return Package(path, os.path.basename(path))
   if root is None:
     raise validation.UsageError(
-        'no setup.py next to scripts/ (an installed copy?); pass '
+        'no setup.py above estimator_bf16/ (an installed copy?); pass '
         '--package=PATH to an sdist built from the estimator_bf16 repository.')
   with open(os.path.join(root, 'setup.py')) as f:
     setup_text = f.read()

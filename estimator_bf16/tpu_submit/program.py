@@ -14,8 +14,8 @@ them, so the checks here only refuse what cannot work on a TPU host.
 import dataclasses
 import os
 
-from scripts.tpu import runner as runner_lib
-from scripts.tpu import validation
+from estimator_bf16.tpu_submit import command_runner as runner_lib
+from estimator_bf16.tpu_submit import validation
 
 PRECISIONS = ('bfloat16', 'float32')
 # The folder travels with every run; data belongs in Cloud Storage.
@@ -90,7 +90,7 @@ def plan(args):
   if args.program is None:
     if args.precision is not None:
       raise validation.UsageError(
-          '--precision goes with --program; for estimator_bf16.models.train pass '
+          '--precision goes with --program; for estimator_bf16.models.train_cli pass '
           '--precision=... after --.')
     return None
   precision = args.precision or 'bfloat16'
@@ -101,7 +101,7 @@ def plan(args):
                       ('--data-dir', args.data_dir)):
     if value is not None:
       raise validation.UsageError(
-          '%s is a flag of estimator_bf16.models.train; with --program the program takes '
+          '%s is a flag of estimator_bf16.models.train_cli; with --program the program takes '
           'its own flags after --, e.g. -- --model_dir=gs://bucket/model.'
           % flag)
   path = args.program
