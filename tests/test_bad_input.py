@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_bf16 import recovery
+from estimator_bf16 import checkpoint_match
+from estimator_bf16 import checkpoint_repair
 from estimator_bf16.models import bert_input
 from estimator_bf16.models import digits
 from estimator_bf16.models import imagenet_input
@@ -192,7 +193,7 @@ class BadDataTest(tf.test.TestCase, parameterized.TestCase):
     state = tf.train.get_checkpoint_state(options.model_dir)
     if state is not None:  # None if the first batch held the bad record
       for prefix in state.all_model_checkpoint_paths:
-        self.assertIsNone(recovery.verify_checkpoint(prefix), prefix)
+        self.assertIsNone(checkpoint_repair.verify_checkpoint(prefix), prefix)
       self.assertFalse([n for n in os.listdir(options.model_dir)
                         if n.endswith('_temp')])
 
@@ -234,7 +235,7 @@ class BadModelDirTest(tf.test.TestCase):
         'cnn/conv1/kernel': np.zeros([5, 5, 1, 32], np.float32)})
     options = _options('foreign', _data_dir('foreign'), model_dir=model_dir)
     with self.assertRaisesRegex(
-        recovery.CheckpointMismatchError,
+        checkpoint_match.CheckpointMismatchError,
         r"model\.ckpt-1 cannot restore this model: \d+ of the model's \d+ "
         r'variables are not in it \(.*mnist_mlp/hidden/kernel.*different '
         r'model'):
@@ -249,7 +250,7 @@ class BadModelDirTest(tf.test.TestCase):
     self._foreign_checkpoint(model_dir, {
         'mnist_mlp/hidden/kernel': np.zeros([784, 64], np.float32)}, step=5)
     with self.assertRaisesRegex(
-        recovery.CheckpointMismatchError,
+        checkpoint_match.CheckpointMismatchError,
         r'shapes differ for mnist_mlp/hidden/kernel \(checkpoint \[784, 64\], '
         r'model \[784, 512\]\)'):
       training.run(_options('shapes', _data_dir('shapes'),
@@ -258,7 +259,7 @@ class BadModelDirTest(tf.test.TestCase):
     self._foreign_checkpoint(model_dir, {
         'mnist_mlp/hidden/kernel': np.zeros(
             [784, 512], tf.bfloat16.as_numpy_dtype)})
-    with self.assertRaisesRegex(recovery.CheckpointMismatchError,
+    with self.assertRaisesRegex(checkpoint_match.CheckpointMismatchError,
                                 r'stores mnist_mlp/hidden/kernel in 16 bits.*'
                                 r'python -m estimator_bf16\.ckpt convert'):
       training.run(_options('bf16_weights', _data_dir('bf16_weights'),

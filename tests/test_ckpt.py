@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import ckpt
+from estimator_bf16 import checkpoint_convert
 
 
 def setUpModule():
@@ -43,14 +43,14 @@ class CkptTest(tf.test.TestCase):
     directory = self.get_temp_dir()
     source = _old_style(os.path.join(directory, 'old'))
     target = os.path.join(directory, 'new', 'model.ckpt-7')
-    report = ckpt.convert_checkpoint(source, target)
+    report = checkpoint_convert.convert_checkpoint(source, target)
     self.assertEqual(report.total, 3)
     self.assertEqual(sorted(new for _, new in report.renamed),
                      ['dense/bias', 'dense/kernel'])
     self.assertEqual(report.cast, [('dense/kernel', 'bfloat16')])
     self.assertEqual(report.kept, ['global_step'])
 
-    found = ckpt.inspect_checkpoint(os.path.dirname(target))
+    found = checkpoint_convert.inspect_checkpoint(os.path.dirname(target))
     self.assertEqual(found['dense/kernel'], ('float32', (1, 2)))
     self.assertEqual(found['global_step'][0], 'int64')
 
@@ -70,21 +70,21 @@ class CkptTest(tf.test.TestCase):
     directory = self.get_temp_dir()
     source = _old_style(os.path.join(directory, 'old2'))
     target = os.path.join(directory, 'dry', 'model.ckpt-7')
-    report = ckpt.convert_checkpoint(source, target, dry_run=True)
+    report = checkpoint_convert.convert_checkpoint(source, target, dry_run=True)
     self.assertEqual(report.output, '')
     self.assertFalse(tf.io.gfile.exists(os.path.dirname(target)))
-    ckpt.convert_checkpoint(source, target)
+    checkpoint_convert.convert_checkpoint(source, target)
     with self.assertRaisesRegex(ValueError, 'already holds a checkpoint'):
-      ckpt.convert_checkpoint(source, target)
+      checkpoint_convert.convert_checkpoint(source, target)
 
   def test_name_collision_and_missing_input(self):
     directory = self.get_temp_dir()
     prefix = os.path.join(directory, 'clash', 'model.ckpt-1')
     _save(prefix, {'bfloat16/w': np.float32(1), 'w': np.float32(2)})
     with self.assertRaisesRegex(ValueError, "would be named 'w'"):
-      ckpt.convert_checkpoint(prefix, prefix + '-out')
+      checkpoint_convert.convert_checkpoint(prefix, prefix + '-out')
     with self.assertRaisesRegex(ValueError, 'no checkpoint at'):
-      ckpt.convert_checkpoint(os.path.join(directory, 'nothing'), 'x')
+      checkpoint_convert.convert_checkpoint(os.path.join(directory, 'nothing'), 'x')
 
   @pytest.mark.slow
   def test_command_line(self):

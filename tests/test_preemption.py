@@ -22,7 +22,8 @@ import time
 import pytest
 import tensorflow as tf
 
-from estimator_bf16 import recovery
+from estimator_bf16 import checkpoint_repair
+from estimator_bf16 import preemption
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STEPS = 60
@@ -43,7 +44,7 @@ def _state_step(model_dir):
   state = tf.train.get_checkpoint_state(model_dir)
   if state is None:
     return None
-  return recovery.checkpoint_step(state.model_checkpoint_path)
+  return checkpoint_repair.checkpoint_step(state.model_checkpoint_path)
 
 
 def _read_fully(prefix):
@@ -57,7 +58,7 @@ def _read_fully(prefix):
 def _newest_whole(model_dir):
   """(step of the newest listed checkpoint that reads whole, skipped ones).
 
-  Computed here independently of `recovery`: a kill while TensorFlow
+  Computed here independently of `checkpoint_repair`: a kill while TensorFlow
   rewrites an index in place can leave the newest one unreadable, and the
   next run must then resume from the one before.
   """
@@ -71,7 +72,7 @@ def _newest_whole(model_dir):
     except (tf.errors.OpError, ValueError):
       skipped.append(prefix)
       continue
-    if step != recovery.checkpoint_step(prefix):
+    if step != checkpoint_repair.checkpoint_step(prefix):
       raise AssertionError('%s holds step %d' % (prefix, step))
     return step, skipped
   raise AssertionError('no listed checkpoint in %s reads whole' % model_dir)
@@ -164,7 +165,7 @@ def _temp_dir_step(model_dir):
     names = os.listdir(model_dir)
   except FileNotFoundError:
     return None
-  steps = [recovery.checkpoint_step(name[:-len('_temp')])
+  steps = [checkpoint_repair.checkpoint_step(name[:-len('_temp')])
            for name in names if name.endswith('_temp')]
   steps = [s for s in steps if s is not None]
   return max(steps) if steps else None
@@ -295,8 +296,8 @@ class EnsureRestorableTest(tf.test.TestCase):
     index = os.path.join(model_dir, 'model.ckpt-30.index')
     with open(index, 'r+b') as f:
       f.truncate(os.path.getsize(index) // 2)
-    prefix = recovery.ensure_restorable(model_dir)
-    self.assertEqual(recovery.checkpoint_step(prefix), 20)
+    prefix = checkpoint_repair.ensure_restorable(model_dir)
+    self.assertEqual(checkpoint_repair.checkpoint_step(prefix), 20)
     self.assertEqual(tf.train.latest_checkpoint(model_dir), prefix)
     self.assertEqual(_state_step(model_dir), 20)
 
@@ -304,16 +305,16 @@ class EnsureRestorableTest(tf.test.TestCase):
     model_dir = self.create_tempdir().full_path
     _train_checkpoints(model_dir, [10, 20])
     os.remove(os.path.join(model_dir, 'model.ckpt-20.data-00000-of-00001'))
-    self.assertEqual(recovery.checkpoint_step(
-        recovery.ensure_restorable(model_dir)), 10)
+    self.assertEqual(checkpoint_repair.checkpoint_step(
+        checkpoint_repair.ensure_restorable(model_dir)), 10)
 
   def test_garbled_state_file_uses_newest_on_disk(self):
     model_dir = self.create_tempdir().full_path
     _train_checkpoints(model_dir, [10, 20])
     with open(os.path.join(model_dir, 'checkpoint'), 'w') as f:
       f.write('model_checkpoint_path: "model.ckpt-2')  # cut mid-write
-    self.assertEqual(recovery.checkpoint_step(
-        recovery.ensure_restorable(model_dir)), 20)
+    self.assertEqual(checkpoint_repair.checkpoint_step(
+        checkpoint_repair.ensure_restorable(model_dir)), 20)
     self.assertEqual(_state_step(model_dir), 20)
 
   def test_nothing_readable_is_an_error(self):
@@ -321,22 +322,22 @@ class EnsureRestorableTest(tf.test.TestCase):
     _train_checkpoints(model_dir, [10])
     with open(os.path.join(model_dir, 'model.ckpt-10.index'), 'wb') as f:
       f.write(b'not an index')
-    with self.assertRaisesRegex(recovery.CheckpointError,
+    with self.assertRaisesRegex(checkpoint_repair.CheckpointError,
                                 'No checkpoint in .* can be read'):
-      recovery.ensure_restorable(model_dir)
+      checkpoint_repair.ensure_restorable(model_dir)
 
   def test_interrupted_save_is_cleaned_and_fresh_dir_is_none(self):
     model_dir = self.create_tempdir().full_path
-    self.assertIsNone(recovery.ensure_restorable(model_dir))
-    self.assertIsNone(recovery.ensure_restorable(
+    self.assertIsNone(checkpoint_repair.ensure_restorable(model_dir))
+    self.assertIsNone(checkpoint_repair.ensure_restorable(
         os.path.join(model_dir, 'not_yet')))
     _train_checkpoints(model_dir, [10])
     temp = os.path.join(model_dir, 'model.ckpt-20_temp')
     os.makedirs(temp)
     with open(os.path.join(temp, 'part-00000-of-00001.tempstate1'), 'w') as f:
       f.write('partial')
-    self.assertEqual(recovery.checkpoint_step(
-        recovery.ensure_restorable(model_dir)), 10)
+    self.assertEqual(checkpoint_repair.checkpoint_step(
+        checkpoint_repair.ensure_restorable(model_dir)), 10)
     self.assertFalse(os.path.exists(temp))
 
 
@@ -344,7 +345,7 @@ class SignalStopperTest(tf.test.TestCase):
 
   def test_sigterm_requests_a_stop_and_handler_is_restored(self):
     before = signal.getsignal(signal.SIGTERM)
-    with recovery.stop_on_sigterm() as stopper:
+    with preemption.stop_on_sigterm() as stopper:
       self.assertFalse(stopper.requested)
       os.kill(os.getpid(), signal.SIGTERM)
       deadline = time.monotonic() + 5
@@ -359,7 +360,7 @@ class SignalStopperTest(tf.test.TestCase):
     with tf.Graph().as_default():
       global_step = tf.compat.v1.train.get_or_create_global_step()
       train_op = global_step.assign_add(1)
-      with recovery.stop_on_sigterm() as stopper:
+      with preemption.stop_on_sigterm() as stopper:
         hooks = [stopper.hook, tf.compat.v1.train.CheckpointSaverHook(
             model_dir, save_steps=1000)]
         with tf.compat.v1.train.MonitoredSession(hooks=hooks) as session:

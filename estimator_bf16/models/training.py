@@ -16,10 +16,12 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16 import activation_stats
+from estimator_bf16 import checkpoint_match
+from estimator_bf16 import checkpoint_repair
 from estimator_bf16 import cluster
 from estimator_bf16 import estimator as eb_estimator
 from estimator_bf16 import guards
-from estimator_bf16 import recovery
+from estimator_bf16 import preemption
 from estimator_bf16 import strategies
 from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.models import bert
@@ -35,7 +37,7 @@ _GENERATED = ('synthetic',)
 # What stops a run with a message rather than a traceback (the CLI prints it
 # and exits with status 1).
 FAILURES = (records.InputError, guards.NumericGuardError,
-            recovery.CheckpointError, compat_distribute.WorkerFailure)
+            checkpoint_repair.CheckpointError, compat_distribute.WorkerFailure)
 # How long the evaluator task waits for the chief's next checkpoint.
 _EVALUATOR_WAIT_SECS = 600
 
@@ -405,7 +407,7 @@ def run(options, hooks=()):
       found during training).
     guards.NumericGuardError: a NaN/Inf loss or gradient, naming the step
       and the tensors; that step's update was not applied.
-    recovery.CheckpointError: model_dir holds only unreadable checkpoints,
+    checkpoint_repair.CheckpointError: model_dir holds only unreadable checkpoints,
       or the checkpoint of a different model.
     compat_distribute.WorkerFailure: another task of a multi-worker run
       failed or stopped answering (named in the message).
@@ -424,7 +426,7 @@ def run(options, hooks=()):
   if chief:
     # model_dir belongs to the chief: the others only read its checkpoints.
     _check_before_training(options, model, replicas)
-    recovery.ensure_restorable(options.model_dir)
+    checkpoint_repair.ensure_restorable(options.model_dir)
   logging.info('Training %s in %s on %s (%s): %s', options.model,
                options.precision, options.dataset,
                '%d replicas, task %s' % (replicas, task.name if task else
@@ -449,9 +451,9 @@ def run(options, hooks=()):
       tf_random_seed=options.seed, distribute=strategy)
   throughput = ThroughputHook(options.train_batch_size,
                               options.log_every_steps)
-  stopper = recovery.stop_on_sigterm(steps_per_run)
+  stopper = preemption.stop_on_sigterm(steps_per_run)
   # The match check goes first: its `begin` fails before other hooks write.
-  train_hooks = [recovery.CheckpointMatchHook(options.model_dir), throughput,
+  train_hooks = [checkpoint_match.CheckpointMatchHook(options.model_dir), throughput,
                  stopper.hook]
   stats = None
   if options.activation_stats_steps:
@@ -502,7 +504,7 @@ def run(options, hooks=()):
     # model_dir already holds a checkpoint at or past --train_steps.
     metrics = estimator.evaluate(
         model.eval_input_fn, steps=options.eval_steps,
-        hooks=[recovery.CheckpointMatchHook(options.model_dir)])
+        hooks=[checkpoint_match.CheckpointMatchHook(options.model_dir)])
   except tf.errors.OpError as e:
     explained = records.translate_error(e, 'the eval data')
     if explained is None:
