@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from benchmarks import configs
 from benchmarks import graphs
-from benchmarks import memory
+from benchmarks import step_memory
 from benchmarks import throughput
 
 OURS = 'ours_bfloat16'
@@ -80,12 +80,12 @@ class KerasStep(object):
 
 def keras_step_memory(policy, spec, batch_size):
   """Allocator peak of a Keras training step (after one warm-up step)."""
-  baseline = memory.bytes_in_use()
+  baseline = step_memory.bytes_in_use()
   model = keras_mlp(policy, spec.image_size, spec.num_classes)
   step = KerasStep(model, keras_dataset(spec, batch_size))
   step()
   step.sync()
-  persistent = memory.bytes_in_use() - baseline
+  persistent = step_memory.bytes_in_use() - baseline
   tf.config.experimental.reset_memory_stats('CPU:0')
   step()
   step.sync()
@@ -96,10 +96,10 @@ def keras_step_memory(policy, spec, batch_size):
 
 def run(batch_size, warmup_steps, window_steps, windows):
   """Measures ours and Keras's MLP; returns the JSON-ready dict."""
-  memory.check_allocator_stats()
+  step_memory.check_allocator_stats()
   spec = configs.ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=batch_size,
                            optimizer='adam')
-  results = {OURS: memory.measure_step_memory(
+  results = {OURS: step_memory.measure_step_memory(
       graphs.build_train_step(spec, 'bfloat16', batch_size))}
   for name, policy in ((KERAS, 'mixed_bfloat16'),
                        (KERAS_FLOAT32, 'float32')):

@@ -1,12 +1,12 @@
 """The memory planner on the benchmarked models, checked against measurement.
 
-`plan_model` asks `estimator_bf16.planner.memory_plan` about the same
+`plan_model` asks `estimator_bf16.memory_planner.memory_plan` about the same
 unmodified model_fn the benchmark trains; `plan_row` turns a plan into the
 numbers results.json keeps; `relative_error` is estimate / measured - 1.
 """
 
 from benchmarks import graphs
-from estimator_bf16 import planner
+from estimator_bf16 import memory_planner
 
 
 def plan_model(spec, precision, optimizer=None):
@@ -18,7 +18,7 @@ def plan_model(spec, precision, optimizer=None):
     optimizer: overrides `spec.optimizer` (e.g. 'adafactor').
   """
   features, labels = graphs.feature_specs(spec)
-  return planner.memory_plan(
+  return memory_planner.memory_plan(
       graphs.model_fn(spec, optimizer), features=features, labels=labels,
       precision=precision)
 

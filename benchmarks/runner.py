@@ -19,7 +19,7 @@ from benchmarks import convergence
 from benchmarks import env as env_lib
 from benchmarks import graphs
 from benchmarks import kernels
-from benchmarks import memory
+from benchmarks import step_memory
 from benchmarks import overhead
 from benchmarks import planning
 from benchmarks import scaling
@@ -74,7 +74,7 @@ def measure_model(spec, config, cpu_upcast):
     if at_fp32:
       result['bfloat16_at_float32_max_batch'] = at_fp32
   # The rewrite runs on the float32 graph itself.
-  rewrite = memory.measure_step_memory(steps['float32'],
+  rewrite = step_memory.measure_step_memory(steps['float32'],
                                        graphs.onednn_rewrite_config())
   logging.info('%s %s: peak %.1f MiB at batch %d', spec.name, REWRITE,
                rewrite['peak_step_bytes'] / MiB, spec.batch_size)
@@ -133,7 +133,7 @@ def _measure_precision(spec, precision, config, cpu_upcast,
   plan = plans[spec.optimizer]
   build = lambda batch: graphs.build_train_step(spec, precision, batch)
   step = build(spec.batch_size)
-  measured = memory.measure_step_memory(step)
+  measured = step_memory.measure_step_memory(step)
   logging.info('%s %s: peak %.1f MiB at batch %d', spec.name, precision,
                measured['peak_step_bytes'] / MiB, spec.batch_size)
   search, at_fp32 = None, None
@@ -142,10 +142,10 @@ def _measure_precision(spec, precision, config, cpu_upcast,
     if float32_max_batch:
       # The memory ratio where activations weigh most within the budget;
       # it is also a point of the search.
-      at_fp32 = memory.measure_step_memory(build(float32_max_batch))
+      at_fp32 = step_memory.measure_step_memory(build(float32_max_batch))
       known.append(at_fp32)
     guess = plan.max_batch(budget, upcast=cpu_upcast)
-    search = memory.max_batch_in_budget(
+    search = step_memory.max_batch_in_budget(
         build, budget, guess=guess, known=known,
         slope=(plan.step_bytes(guess + 100, upcast=cpu_upcast) -
                plan.step_bytes(guess, upcast=cpu_upcast)) / 100.0,
@@ -237,7 +237,7 @@ def adafactor_comparison(spec, model_result):
   Slot bytes are the optimizer's actual slot variables in the built graph;
   peaks are measured in bfloat16 at the benchmark batch.
   """
-  measured = memory.measure_step_memory(graphs.build_train_step(
+  measured = step_memory.measure_step_memory(graphs.build_train_step(
       spec, 'bfloat16', spec.batch_size, optimizer='adafactor'))
   bf16 = model_result['bfloat16']
   adam_slots = bf16['memory']['slot_bytes']
@@ -258,7 +258,7 @@ def adafactor_comparison(spec, model_result):
 
 def run(config, out_dir, sections=SECTIONS):
   """Runs the chosen sections of `config`; returns the results dict."""
-  memory.check_allocator_stats()
+  step_memory.check_allocator_stats()
   os.makedirs(out_dir, exist_ok=True)
   results = {'env': env_lib.describe(), 'mode': config.mode,
              'config': dataclasses.asdict(config), 'seconds': {}}

@@ -28,9 +28,9 @@ from estimator_bf16.cpu import native_bfloat16
 from estimator_bf16.estimator import make_tpu_estimator
 from estimator_bf16.guards import NumericGuardError
 from estimator_bf16.guards import guard_model_fn
-from estimator_bf16.planner import MemoryPlan
-from estimator_bf16.planner import TPU_CORE_BYTES
-from estimator_bf16.planner import memory_plan
+from estimator_bf16.memory_planner import MemoryPlan
+from estimator_bf16.memory_planner import TPU_CORE_BYTES
+from estimator_bf16.memory_planner import memory_plan
 from estimator_bf16.precision import PRECISIONS
 from estimator_bf16.precision import compute_dtype
 from estimator_bf16.scope import bfloat16_scope

@@ -39,7 +39,7 @@ from absl import flags
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import memory as memory_lib
+from estimator_bf16 import peak_memory as memory_lib
 from estimator_bf16 import tpu_resolver
 
 AUDIT_MODES = ('strict', 'warn', 'off')

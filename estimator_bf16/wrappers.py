@@ -12,7 +12,7 @@ from estimator_bf16 import casting
 from estimator_bf16 import layer_repairs
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import scope as scope_lib
-from estimator_bf16 import specs
+from estimator_bf16 import float32_spec
 
 AUDIT_MODES = ('strict', 'warn', 'off')
 _MODEL_FN_ARGS = ('features', 'labels', 'mode', 'params', 'config')
@@ -134,7 +134,7 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
     original = casting.float32_original(raw_loss)
     if original is not None:
       raw_loss = original
-    spec = specs.float32_spec(spec)
+    spec = float32_spec.float32_spec(spec)
     if mode == 'train' and audit != 'off':
       _audit_train_graph(raw_loss, strict=(audit == 'strict'))
     return spec

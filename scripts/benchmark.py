@@ -16,7 +16,7 @@ import os
 import sys
 
 # The CPU allocator keeps the statistics the memory benchmarks read only if
-# this is set before TensorFlow is imported (estimator_bf16/memory.py).
+# this is set before TensorFlow is imported (estimator_bf16/peak_memory.py).
 os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
 # Run from a clone without installing: the repository root holds the
 # packages this script uses.

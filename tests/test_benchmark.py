@@ -19,11 +19,11 @@ import pytest
 
 from benchmarks import configs
 from benchmarks import kernels
-from benchmarks import memory
+from benchmarks import step_memory
 from benchmarks import report
 from benchmarks import runner
 from estimator_bf16 import cpu
-from estimator_bf16 import memory as memory_lib
+from estimator_bf16 import peak_memory as memory_lib
 from scripts import update_readme
 
 MiB = configs.MiB
@@ -255,7 +255,7 @@ def test_max_batch_search_brackets_a_linear_peak(monkeypatch):
             'peak_step_bytes': 100 + 3 * step.batch_size}
 
   monkeypatch.setattr(memory, 'measure_step_memory', fake_measure)
-  result = memory.max_batch_in_budget(
+  result = step_memory.max_batch_in_budget(
       FakeStep, 1000, guess=250, known=[fake_measure(FakeStep(10))],
       tolerance=0.05)
   assert result['max_batch'] <= 300 < result['smallest_failing_batch']

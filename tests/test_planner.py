@@ -1,4 +1,4 @@
-"""Tests for estimator_bf16/planner.py: the memory planner (graphs only)."""
+"""Tests for estimator_bf16/memory_planner.py: the memory planner (graphs only)."""
 
 import functools
 
@@ -6,7 +6,7 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from estimator_bf16 import planner
+from estimator_bf16 import memory_planner
 from tests import legacy_model
 
 _IMAGE = tf.TensorSpec([16, 16, 1], tf.float32)
@@ -36,7 +36,7 @@ def _network(features, is_training):
 @functools.lru_cache(maxsize=None)
 def _plan(precision='float32', optimizer='sgd', batch_sizes=(8, 16)):
   # Plans are immutable; building each once keeps the tests fast.
-  return planner.memory_plan(network_fn=_network,
+  return memory_planner.memory_plan(network_fn=_network,
                              features={'image': _IMAGE}, precision=precision,
                              optimizer=optimizer, batch_sizes=batch_sizes)
 
@@ -136,9 +136,9 @@ class ModelFnTest(parameterized.TestCase):
   @parameterized.named_parameters(('float32', 'float32'),
                                   ('bfloat16', 'bfloat16'))
   def test_unmodified_legacy_model_fn(self, precision):
-    features, labels = planner.input_specs(legacy_model.train_input_fn)
+    features, labels = memory_planner.input_specs(legacy_model.train_input_fn)
     self.assertEqual(features['image'].shape.as_list(), [8, 8, 1])
-    plan = planner.memory_plan(legacy_model.model_fn, features=features,
+    plan = memory_planner.memory_plan(legacy_model.model_fn, features=features,
                                labels=labels, precision=precision)
     with tf.Graph().as_default():
       # The same layers, to count the parameters independently.
@@ -157,14 +157,14 @@ class ErrorsTest(parameterized.TestCase):
 
   def test_exactly_one_function(self):
     with self.assertRaisesRegex(ValueError, 'exactly one'):
-      planner.memory_plan(features={'image': _IMAGE})
+      memory_planner.memory_plan(features={'image': _IMAGE})
     with self.assertRaisesRegex(ValueError, 'exactly one'):
-      planner.memory_plan(legacy_model.model_fn, network_fn=_network,
+      memory_planner.memory_plan(legacy_model.model_fn, network_fn=_network,
                           features={'image': _IMAGE})
 
   def test_model_fn_brings_its_own_optimizer(self):
     with self.assertRaisesRegex(ValueError, 'own optimizer'):
-      planner.memory_plan(legacy_model.model_fn, features={'image': _IMAGE},
+      memory_planner.memory_plan(legacy_model.model_fn, features={'image': _IMAGE},
                           optimizer='adam')
 
   @parameterized.named_parameters(('same', (4, 4)), ('one', (4,)),
@@ -185,7 +185,7 @@ class ErrorsTest(parameterized.TestCase):
     with tf.Graph().as_default() as graph:
       tf.compat.v1.get_variable('w', [2])
     with self.assertRaisesRegex(ValueError, 'no gradients'):
-      planner.variable_bytes(graph)
+      memory_planner.variable_bytes(graph)
 
 
 if __name__ == '__main__':

@@ -23,9 +23,9 @@ from estimator_bf16.compat.export import PredictOutput
 from estimator_bf16.compat.export import RegressionOutput
 from estimator_bf16.compat.export import ServingInputReceiver
 from estimator_bf16.compat.export import TensorServingInputReceiver
-from estimator_bf16.compat.spec import EstimatorSpec
-from estimator_bf16.compat.spec import ModeKeys
-from estimator_bf16.compat.spec import TPUEstimatorSpec
+from estimator_bf16.compat.estimator_spec import EstimatorSpec
+from estimator_bf16.compat.estimator_spec import ModeKeys
+from estimator_bf16.compat.estimator_spec import TPUEstimatorSpec
 from estimator_bf16.compat.tpu_estimator import TPUEstimator
 
 __all__ = [

@@ -13,7 +13,7 @@ by side, and writes `loss_curves.png` and `results.json` into --out_dir.
 import os
 
 # The allocator statistics PeakMemoryHook reads exist only if this is set
-# before TensorFlow is imported (estimator_bf16.memory.ALLOCATOR_ENV).
+# before TensorFlow is imported (estimator_bf16.peak_memory.ALLOCATOR_ENV).
 os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # C++ info lines
 
@@ -29,7 +29,7 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16 import cpu as eb_cpu
-from estimator_bf16.memory import PeakMemoryHook
+from estimator_bf16.peak_memory import PeakMemoryHook
 from estimator_bf16.models import precision_comparison
 from estimator_bf16.models import training
 

@@ -4,7 +4,7 @@ A legacy model_fn constructs these by keyword (`TPUEstimatorSpec(mode,
 loss=loss, train_op=train_op, eval_metrics=(metric_fn, [labels, logits]))`),
 so the classes are namedtuples with the field names and order of
 `tf.compat.v1.estimator.EstimatorSpec` / `tf.compat.v1.estimator.tpu.
-TPUEstimatorSpec`. That also lets `estimator_bf16.specs.float32_spec` (duck
+TPUEstimatorSpec`. That also lets `estimator_bf16.float32_spec.float32_spec` (duck
 typed on those fields) make them float32 exactly as it does the real ones.
 Validation happens at construction, where the model_fn author can still see
 which argument is wrong.

@@ -1,14 +1,14 @@
 """Measured memory of a training step, and the largest batch within a budget.
 
 The peak is the CPU allocator's, read with the package's own instrument
-(`estimator_bf16.memory.peak_bytes_from_run_metadata` on a FULL_TRACE step).
+(`estimator_bf16.peak_memory.peak_bytes_from_run_metadata` on a FULL_TRACE step).
 The allocator is shared by the whole process, so a measurement runs with
 no other session alive and subtracts what was in use before its session
 started; it also reads the bytes in use between two steps, which are the
 persistent part (variables and optimizer slots).
 
 Both need `TF_CPU_ALLOCATOR_USE_BFC=true` in the environment before
-TensorFlow is imported (see `estimator_bf16/memory.py`).
+TensorFlow is imported (see `estimator_bf16/peak_memory.py`).
 """
 
 import collections
@@ -18,8 +18,8 @@ import re
 import tensorflow as tf
 
 from benchmarks import graphs
-from estimator_bf16 import memory as memory_lib
-from estimator_bf16 import planner
+from estimator_bf16 import peak_memory as memory_lib
+from estimator_bf16 import memory_planner
 
 
 def bytes_in_use():
@@ -79,7 +79,7 @@ def measure_step_memory(step, session_config=None):
             'persistent_bytes': int(persistent),
             'transient_bytes': int(peak - persistent),
             'kernel_scratch_bytes': scratch, 'kernel_scratch_op': scratch_op}
-  result.update(planner.variable_bytes(step.graph))
+  result.update(memory_planner.variable_bytes(step.graph))
   result['executed'] = op_profile(run_metadata)
   return result
 
