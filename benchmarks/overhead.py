@@ -23,9 +23,9 @@ import time
 
 import tensorflow as tf
 
-import estimator_bf16 as eb
 from benchmarks import graphs
 from benchmarks import throughput
+import estimator_bf16 as eb
 
 
 def hand_written_network_builder(spec):

@@ -15,16 +15,16 @@ import time
 
 from absl import logging
 
+from benchmarks.configs import MiB
 from benchmarks import convergence
 from benchmarks import env as env_lib
 from benchmarks import graphs
 from benchmarks import kernels
-from benchmarks import step_memory
 from benchmarks import overhead
 from benchmarks import planning
 from benchmarks import scaling
+from benchmarks import step_memory
 from benchmarks import throughput
-from benchmarks.configs import MiB
 
 PRECISIONS = ('float32', 'bfloat16')
 # TensorFlow's oneDNN bfloat16 rewrite of the float32 graph (the peer).

@@ -18,8 +18,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
-import estimator_bf16 as eb
 from benchmarks import throughput
+import estimator_bf16 as eb
 from estimator_bf16.compat import distribute
 from estimator_bf16.models import mnist
 

@@ -18,8 +18,8 @@ import re
 import tensorflow as tf
 
 from benchmarks import graphs
-from estimator_bf16 import peak_memory as memory_lib
 from estimator_bf16 import memory_planner
+from estimator_bf16 import peak_memory as memory_lib
 
 
 def bytes_in_use():

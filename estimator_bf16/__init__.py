@@ -15,24 +15,24 @@ BACKEND = _check_tensorflow()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from estimator_bf16.adafactor import AdafactorOptimizer
-from estimator_bf16.autocasting import autocast
-from estimator_bf16.autocasting import float32_ops
-from estimator_bf16.autocasting import keep_float32
+from estimator_bf16.audit import check_graph
 from estimator_bf16.audit import GraphReport
 from estimator_bf16.audit import MIN_BFLOAT16_SHARE
 from estimator_bf16.audit import PrecisionError
-from estimator_bf16.audit import check_graph
+from estimator_bf16.autocasting import autocast
+from estimator_bf16.autocasting import float32_ops
+from estimator_bf16.autocasting import keep_float32
 from estimator_bf16.casting import cast_features
 from estimator_bf16.casting import to_float32
 from estimator_bf16.cpu import native_bfloat16
 from estimator_bf16.estimator import make_tpu_estimator
-from estimator_bf16.guards import NumericGuardError
 from estimator_bf16.guards import guard_model_fn
+from estimator_bf16.guards import NumericGuardError
+from estimator_bf16.memory_planner import memory_plan
 from estimator_bf16.memory_planner import MemoryPlan
 from estimator_bf16.memory_planner import TPU_CORE_BYTES
-from estimator_bf16.memory_planner import memory_plan
-from estimator_bf16.precision import PRECISIONS
 from estimator_bf16.precision import compute_dtype
+from estimator_bf16.precision import PRECISIONS
 from estimator_bf16.scope import bfloat16_scope
 from estimator_bf16.strategies import make_strategy
 from estimator_bf16.wrappers import build_network

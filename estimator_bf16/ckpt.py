@@ -15,9 +15,9 @@ import sys
 from absl import app
 from absl import flags
 
-from estimator_bf16.checkpoint_convert import OLD_PREFIX
 from estimator_bf16.checkpoint_convert import convert_checkpoint
 from estimator_bf16.checkpoint_convert import inspect_checkpoint
+from estimator_bf16.checkpoint_convert import OLD_PREFIX
 
 
 def _define_flags():

@@ -19,12 +19,12 @@ import tensorflow as tf
 
 from estimator_bf16 import _tf_check
 from estimator_bf16 import compat
+from estimator_bf16.compat import distribute as compat_distribute
+from estimator_bf16.compat import tpu_estimator as compat_tpu
 from estimator_bf16 import cpu
 from estimator_bf16 import guards
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import wrappers
-from estimator_bf16.compat import distribute as compat_distribute
-from estimator_bf16.compat import tpu_estimator as compat_tpu
 
 _RESERVED_PARAMS = ('batch_size', 'use_tpu', 'context')
 BACKENDS = (_tf_check.ESTIMATOR_BACKEND, _tf_check.COMPAT_BACKEND)

@@ -48,8 +48,8 @@ from typing import Tuple
 
 import tensorflow as tf
 
-from estimator_bf16 import adafactor
 from estimator_bf16 import casting
+from estimator_bf16 import optimizers
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import wrappers
 
@@ -57,8 +57,9 @@ GiB = 2**30
 # High-bandwidth memory of one TPU core: 8 GiB on v2, 16 GiB on v3. A v2-8
 # or v3-8 board has 8 cores, so the global batch is 8 x the per-core batch.
 TPU_CORE_BYTES = (('v2', 8 * GiB), ('v3', 16 * GiB))
+# Any rate will do: it plays no part in memory.
+_PLAN_LEARNING_RATE = 1e-3
 
-OPTIMIZERS = ('sgd', 'momentum', 'adam', 'adafactor')
 
 # Outputs that share the buffer of the input with the same index: no bytes
 # of their own, but they keep that buffer alive.
@@ -187,25 +188,6 @@ class MemoryPlan:
                 cores))
 
 
-def _create_optimizer(name, learning_rate=1e-3):
-  """Returns a `tf.compat.v1.train.Optimizer` by name (one of OPTIMIZERS).
-
-  The learning rate plays no part in memory (Adafactor uses its relative
-  step size).
-  """
-  if name == 'sgd':
-    return tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
-  if name == 'momentum':
-    return tf.compat.v1.train.MomentumOptimizer(learning_rate, 0.9)
-  if name == 'adam':
-    return tf.compat.v1.train.AdamOptimizer(learning_rate)
-  if name == 'adafactor':
-    return adafactor.AdafactorOptimizer()
-  raise ValueError('Unknown optimizer %r; choose one of %s, or pass a '
-                   'function returning a tf.compat.v1.train.Optimizer.' %
-                   (name, ', '.join(OPTIMIZERS)))
-
-
 def input_specs(input_fn, params=None):
   """Returns (features, labels) specs of one example from an input_fn.
 
@@ -247,9 +229,9 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
       them from an input_fn.
     labels: `tf.TensorSpec` of one example's labels, or None.
     precision: 'float32' or 'bfloat16'.
-    optimizer: with `network_fn`, one of OPTIMIZERS or a function returning
-      a `tf.compat.v1.train.Optimizer` (default 'adam'); must be None with
-      `model_fn`, which creates its own.
+    optimizer: with `network_fn`, one of `optimizers.OPTIMIZERS` or a function
+      returning a `tf.compat.v1.train.Optimizer` (default 'adam'); must be
+      None with `model_fn`, which creates its own.
     params: extra params for model_fn; `batch_size`, `precision` and
       `use_tpu` (False) are set by the planner.
     batch_sizes: two different batch sizes to build the graph at; small
@@ -361,10 +343,10 @@ class _Build:
 
 def _network_step_builder(network_fn, optimizer, precision):
   """Returns `build(features, labels) -> (loss, train_op)` for a network."""
-  if not (callable(optimizer) or optimizer in OPTIMIZERS):
+  if not (callable(optimizer) or optimizer in optimizers.OPTIMIZERS):
     raise ValueError('optimizer must be one of %s or a function returning '
-                     'an optimizer, got %r.' % (', '.join(OPTIMIZERS),
-                                                optimizer))
+                     'an optimizer, got %r.' %
+                     (', '.join(optimizers.OPTIMIZERS), optimizer))
   network = wrappers.build_network(network_fn, precision)
 
   def build(features, labels, batch_size):
@@ -372,7 +354,8 @@ def _network_step_builder(network_fn, optimizer, precision):
     logits = network(features, is_training=True)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
         tf.reshape(labels, [-1]), logits)
-    opt = (_create_optimizer(optimizer) if isinstance(optimizer, str)
+    opt = (optimizers.create_optimizer(optimizer, _PLAN_LEARNING_RATE)
+           if isinstance(optimizer, str)
            else optimizer())
     step = tf.compat.v1.train.get_or_create_global_step()
     # Batch-norm moving averages update with the step, as in real training.

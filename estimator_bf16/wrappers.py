@@ -9,10 +9,10 @@ import tensorflow as tf
 from estimator_bf16 import audit as audit_lib
 from estimator_bf16 import autocasting
 from estimator_bf16 import casting
+from estimator_bf16 import float32_spec
 from estimator_bf16 import layer_repairs
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import scope as scope_lib
-from estimator_bf16 import float32_spec
 
 AUDIT_MODES = ('strict', 'warn', 'off')
 _MODEL_FN_ARGS = ('features', 'labels', 'mode', 'params', 'config')

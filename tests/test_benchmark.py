@@ -19,9 +19,9 @@ import pytest
 
 from benchmarks import configs
 from benchmarks import kernels
-from benchmarks import step_memory
 from benchmarks import report
 from benchmarks import runner
+from benchmarks import step_memory
 from estimator_bf16 import cpu
 from estimator_bf16 import peak_memory as memory_lib
 from scripts import update_readme

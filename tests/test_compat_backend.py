@@ -40,9 +40,9 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16 import compat
-from estimator_bf16 import estimator as estimator_lib
 from estimator_bf16.compat import _install
 from estimator_bf16.compat import export as export_lib
+from estimator_bf16 import estimator as estimator_lib
 from tests import compat_protocol as protocol
 from tests import legacy_model
 

@@ -1,13 +1,14 @@
-"""Tests for estimator_bf16.models.optimization and estimator_bf16.models.adamw."""
+"""Tests for estimator_bf16.models.optimization and estimator_bf16.adamw."""
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
 from estimator_bf16.adafactor import AdafactorOptimizer
-from estimator_bf16.scope import bfloat16_scope
+from estimator_bf16.adamw import AdamWeightDecayOptimizer
 from estimator_bf16.models import optimization
-from estimator_bf16.models.adamw import AdamWeightDecayOptimizer
+from estimator_bf16 import optimizers
+from estimator_bf16.scope import bfloat16_scope
 
 
 def setUpModule():
@@ -47,11 +48,11 @@ def _numpy_adamw(value, grads, lr, decay_rate, decays, beta1=0.9,
 class CreateOptimizerTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
-      [(name, name, False) for name in optimization.OPTIMIZERS] +
-      [(name + '_tpu', name, True) for name in optimization.OPTIMIZERS])
+      [(name, name, False) for name in optimizers.OPTIMIZERS] +
+      [(name + '_tpu', name, True) for name in optimizers.OPTIMIZERS])
   def test_returns_each_kind(self, name, use_tpu):
     with tf.Graph().as_default():
-      optimizer = optimization.create_optimizer(name, _RATES[name],
+      optimizer = optimizers.create_optimizer(name, _RATES[name],
                                                 use_tpu=use_tpu)
       if use_tpu:
         self.assertIsInstance(optimizer,
@@ -61,23 +62,23 @@ class CreateOptimizerTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_rejects_unknown_name(self):
     with self.assertRaises(ValueError) as raised:
-      optimization.create_optimizer('lamb', 0.1)
-    for name in optimization.OPTIMIZERS:
+      optimizers.create_optimizer('lamb', 0.1)
+    for name in optimizers.OPTIMIZERS:
       self.assertIn(name, str(raised.exception))
 
   def test_rejects_weight_decay_it_would_ignore(self):
     with self.assertRaisesRegex(ValueError, 'adamw'):
-      optimization.create_optimizer('adam', 0.1, weight_decay_rate=0.01)
+      optimizers.create_optimizer('adam', 0.1, weight_decay_rate=0.01)
 
   def test_learning_rate_required_except_adafactor(self):
     with self.assertRaisesRegex(ValueError, 'learning_rate'):
-      optimization.create_optimizer('sgd', None)
-    optimization.create_optimizer('adafactor', None)
+      optimizers.create_optimizer('sgd', None)
+    optimizers.create_optimizer('adafactor', None)
 
   def test_adafactor_options(self):
     with tf.Graph().as_default():
       var = tf.compat.v1.get_variable('w', [2, 3])
-      optimizer = optimization.create_optimizer(
+      optimizer = optimizers.create_optimizer(
           'adafactor', None, adafactor_options={'beta1': 0.9})
       optimizer.apply_gradients([(tf.ones_like(var), var)])
       self.assertEqual(optimizer.get_slot_names(), ['m', 'v_col', 'v_row'])
@@ -106,7 +107,7 @@ class AdamWeightDecayTest(tf.test.TestCase, parameterized.TestCase):
             use_resource=use_resource)
         placeholders[name] = tf.compat.v1.placeholder(
             tf.float32, specs[name][0])
-      optimizer = optimization.create_optimizer(
+      optimizer = optimizers.create_optimizer(
           'adamw', lr, weight_decay_rate=decay_rate)
       train = optimizer.apply_gradients(
           [(placeholders[n], variables[n]) for n in specs])
@@ -175,7 +176,7 @@ class TrainOpTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(
       ('%s_%s' % (name, precision), precision, name)
       for precision in ('float32', 'bfloat16')
-      for name in optimization.OPTIMIZERS)
+      for name in optimizers.OPTIMIZERS)
   def test_trains_with_batch_norm(self, precision, name):
     rng = np.random.RandomState(0)
     features = rng.normal(size=[64, 8]).astype(np.float32)
@@ -195,7 +196,7 @@ class TrainOpTest(tf.test.TestCase, parameterized.TestCase):
       if lr is not None:
         lr = optimization.learning_rate_schedule(lr, global_step,
                                                  warmup_steps=5)
-      optimizer = optimization.create_optimizer(
+      optimizer = optimizers.create_optimizer(
           name, lr, weight_decay_rate=0.01 if name == 'adamw' else 0.0)
       train = optimization.train_op(loss, optimizer, clip_norm=5.0)
       (moving_mean,) = [v for v in tf.compat.v1.global_variables()

@@ -21,9 +21,9 @@ if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
 # pylint: disable=g-import-not-at-top
+from estimator_bf16.tpu_submit import command_runner as runner_lib
 from estimator_bf16.tpu_submit import main as tpu_submit
 from estimator_bf16.tpu_submit import packaging
-from estimator_bf16.tpu_submit import command_runner as runner_lib
 # pylint: enable=g-import-not-at-top
 
 PKG = 'estimator_bf16-0.1.0.tar.gz'

@@ -23,8 +23,8 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.models import head
-from estimator_bf16.models import registry
 from estimator_bf16.models import precision_comparison
+from estimator_bf16.models import registry
 from estimator_bf16.models import train_cli
 from estimator_bf16.models import training
 from tests import isolated_cache

@@ -17,15 +17,15 @@ from estimator_bf16.compat.config import RunConfig
 from estimator_bf16.compat.config import TPUConfig
 from estimator_bf16.compat.config import TPURunConfig
 from estimator_bf16.compat.estimator import Estimator
+from estimator_bf16.compat.estimator_spec import EstimatorSpec
+from estimator_bf16.compat.estimator_spec import ModeKeys
+from estimator_bf16.compat.estimator_spec import TPUEstimatorSpec
 from estimator_bf16.compat.export import ClassificationOutput
 from estimator_bf16.compat.export import ExportOutput
 from estimator_bf16.compat.export import PredictOutput
 from estimator_bf16.compat.export import RegressionOutput
 from estimator_bf16.compat.export import ServingInputReceiver
 from estimator_bf16.compat.export import TensorServingInputReceiver
-from estimator_bf16.compat.estimator_spec import EstimatorSpec
-from estimator_bf16.compat.estimator_spec import ModeKeys
-from estimator_bf16.compat.estimator_spec import TPUEstimatorSpec
 from estimator_bf16.compat.tpu_estimator import TPUEstimator
 
 __all__ = [

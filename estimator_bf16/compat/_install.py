@@ -24,8 +24,8 @@ import tensorflow as tf
 from estimator_bf16 import _tf_check
 from estimator_bf16.compat import config as config_lib
 from estimator_bf16.compat import estimator as estimator_lib
-from estimator_bf16.compat import export as export_lib
 from estimator_bf16.compat import estimator_spec as spec_lib
+from estimator_bf16.compat import export as export_lib
 from estimator_bf16.compat import tpu_estimator as tpu_lib
 
 _MISSING = object()

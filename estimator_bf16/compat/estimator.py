@@ -28,9 +28,9 @@ import tensorflow as tf
 
 from estimator_bf16.compat import config as config_lib
 from estimator_bf16.compat import distribute
+from estimator_bf16.compat import estimator_spec as spec_lib
 from estimator_bf16.compat import export as export_lib
 from estimator_bf16.compat import inputs
-from estimator_bf16.compat import estimator_spec as spec_lib
 
 ModeKeys = spec_lib.ModeKeys
 # What tf.distribute's own sessions use when asked to save by time.

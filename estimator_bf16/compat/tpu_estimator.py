@@ -23,8 +23,8 @@ import tensorflow as tf
 
 from estimator_bf16.compat import distribute
 from estimator_bf16.compat import estimator as estimator_lib
-from estimator_bf16.compat import inputs
 from estimator_bf16.compat import estimator_spec as spec_lib
+from estimator_bf16.compat import inputs
 
 ModeKeys = spec_lib.ModeKeys
 

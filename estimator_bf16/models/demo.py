@@ -29,9 +29,9 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16 import cpu as eb_cpu
-from estimator_bf16.peak_memory import PeakMemoryHook
 from estimator_bf16.models import precision_comparison
 from estimator_bf16.models import training
+from estimator_bf16.peak_memory import PeakMemoryHook
 
 
 def define_flags():

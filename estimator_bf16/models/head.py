@@ -16,6 +16,7 @@ list active; the same model_fn trains in float32 without the wrapper.
 import tensorflow as tf
 
 from estimator_bf16.models import optimization
+from estimator_bf16 import optimizers
 
 _SERVING_KEY = (
     tf.compat.v1.saved_model.signature_constants
@@ -121,7 +122,7 @@ def classifier_model_fn_builder(network_fn_builder, *, num_classes,
       any floating dtype. It is called inside model_fn so it can read
       `params['precision']` (BERT builds its dtype from it).
     num_classes: number of classes; labels are int32 in [0, num_classes).
-    optimizer: a name for `optimization.create_optimizer` ('sgd',
+    optimizer: a name for `optimizers.create_optimizer` ('sgd',
       'momentum', 'adam', 'adamw', 'adafactor').
     learning_rate: peak learning rate.
     weight_decay: for 'adamw', the decoupled decay rate given to the
@@ -179,7 +180,7 @@ def classifier_model_fn_builder(network_fn_builder, *, num_classes,
     rate = optimization.learning_rate_schedule(
         learning_rate, global_step, warmup_steps=warmup_steps,
         decay_steps=decay_steps, end_lr=end_learning_rate)
-    opt = optimization.create_optimizer(
+    opt = optimizers.create_optimizer(
         optimizer, rate,
         weight_decay_rate=weight_decay if optimizer == 'adamw' else 0.0,
         use_tpu=params.get('use_tpu', False))

@@ -30,11 +30,11 @@ from absl import app
 from absl import flags
 
 import estimator_bf16 as eb
-from estimator_bf16 import strategies
 from estimator_bf16.models import bert
-from estimator_bf16.models import optimization
 from estimator_bf16.models import registry
 from estimator_bf16.models import training
+from estimator_bf16 import optimizers
+from estimator_bf16 import strategies
 
 # Stopped by SIGTERM after writing a checkpoint: the usual 128 + signal.
 PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
@@ -84,7 +84,7 @@ def define_flags(flag_values=flags.FLAGS):
                      'With --distribute=multi_worker: a task that waits this '
                      'long for another fails, naming it.', lower_bound=1.0,
                      flag_values=f)
-  flags.DEFINE_enum('optimizer', None, optimization.OPTIMIZERS,
+  flags.DEFINE_enum('optimizer', None, optimizers.OPTIMIZERS,
                     'Optimizer; unset: the model default.', flag_values=f)
   flags.DEFINE_float('learning_rate', None, 'Peak learning rate.',
                      flag_values=f)

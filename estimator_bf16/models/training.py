@@ -19,17 +19,17 @@ from estimator_bf16 import activation_stats
 from estimator_bf16 import checkpoint_match
 from estimator_bf16 import checkpoint_repair
 from estimator_bf16 import cluster
+from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16 import estimator as eb_estimator
 from estimator_bf16 import guards
-from estimator_bf16 import preemption
-from estimator_bf16 import strategies
-from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.models import bert
-from estimator_bf16.models import optimization
 from estimator_bf16.models import preflight
 from estimator_bf16.models import records
 from estimator_bf16.models import registry
 from estimator_bf16.models import resnet
+from estimator_bf16 import optimizers
+from estimator_bf16 import preemption
+from estimator_bf16 import strategies
 
 _MAX_SEQ_LENGTH = 512  # BERT's position table
 # Data sets generated in the graph: nothing on disk can be bad.
@@ -267,8 +267,8 @@ def prepare(options):
   _check(options.model_dir, '--model_dir', 'is required (checkpoints, '
          'summaries and the export go there).')
   options = _resolve(options)
-  _check(options.optimizer in optimization.OPTIMIZERS, '--optimizer',
-         'must be one of %s, got %r.', ', '.join(optimization.OPTIMIZERS),
+  _check(options.optimizer in optimizers.OPTIMIZERS, '--optimizer',
+         'must be one of %s, got %r.', ', '.join(optimizers.OPTIMIZERS),
          options.optimizer)
   _positive(options, 'train_steps', 'eval_steps', 'train_batch_size',
             'eval_batch_size', 'save_checkpoints_steps', 'keep_checkpoint_max',

@@ -5,9 +5,9 @@ training --scale-tier BASIC_TPU`. The service was shut down in January 2025,
 so the command is only shown (under --dry-run) next to the paths that work.
 """
 
+from estimator_bf16.tpu_submit import command_runner as runner_lib
 from estimator_bf16.tpu_submit import common
 from estimator_bf16.tpu_submit import packaging
-from estimator_bf16.tpu_submit import command_runner as runner_lib
 from estimator_bf16.tpu_submit import validation
 
 SHUTDOWN = (

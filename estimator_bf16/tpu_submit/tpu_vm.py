@@ -7,10 +7,10 @@ host (`--tpu=local`).
 
 import shlex
 
+from estimator_bf16.tpu_submit import command_runner as runner_lib
 from estimator_bf16.tpu_submit import common
 from estimator_bf16.tpu_submit import packaging
 from estimator_bf16.tpu_submit import program as program_lib
-from estimator_bf16.tpu_submit import command_runner as runner_lib
 from estimator_bf16.tpu_submit import validation
 
 # Installed next to the package with --no-deps, because letting pip resolve
