@@ -171,9 +171,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       2.15, e.g. to compare the two).
     numeric_guard: stop training when the loss or a gradient is NaN/Inf,
       before that step's update is applied (see `estimator_bf16.guards`).
-      `train` then raises `tf.errors.InvalidArgumentError`;
-      `guards.translate_error` turns it into a `NumericGuardError` naming
-      the step and the tensor (`estimator_bf16.models.training` does so for the CLI).
+      `train` then raises `eb.NumericGuardError` naming the step and the
+      tensors (TensorFlow's `InvalidArgumentError` is its `__cause__`).
     distribute: None, or a `tf.distribute.MirroredStrategy` (local GPUs or
       logical CPUs) or `MultiWorkerMirroredStrategy` (hosts, TF_CONFIG),
       e.g. from `eb.make_strategy`; needs `use_tpu=False`. Training is then
@@ -275,7 +274,7 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     cpu.warn_if_emulated(precision)  # once per process, bfloat16 only
   if numeric_guard:
     model_fn = guards.guard_model_fn(model_fn)
-  return tpu_lib.TPUEstimator(
+  estimator = tpu_lib.TPUEstimator(
       model_fn=wrappers.wrap_model_fn(model_fn, precision, audit=audit,
                                       exclude=exclude),
       config=config,
@@ -286,3 +285,6 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       params=params,
       export_to_tpu=export_to_tpu,
       eval_on_tpu=eval_on_tpu)
+  if numeric_guard:
+    guards.raise_guard_errors(estimator)
+  return estimator

@@ -78,6 +78,35 @@ def translate_error(error):
   return NumericGuardError(message, step=step, tensors=tensors)
 
 
+def raise_guard_errors(estimator):
+  """Makes `estimator.train` raise `NumericGuardError` for a guard's stop.
+
+  The guard stops a step with a `tf.errors.InvalidArgumentError` from inside
+  the session; this turns that error into the `NumericGuardError` it stands
+  for (the original chained as its cause). Other errors pass unchanged.
+
+  Args:
+    estimator: an Estimator whose model_fn went through `guard_model_fn`.
+
+  Returns:
+    `estimator`, whose `train` is replaced on this instance only.
+  """
+  train = estimator.train
+
+  @functools.wraps(train)
+  def train_raising_guard_errors(*args, **kwargs):
+    try:
+      return train(*args, **kwargs)
+    except tf.errors.InvalidArgumentError as e:
+      numeric = translate_error(e)
+      if numeric is None:
+        raise
+      raise numeric from e
+
+  estimator.train = train_raising_guard_errors
+  return estimator
+
+
 class _Local(threading.local):
   """Per-thread guard state: the active guards and patched-call depth."""
 

@@ -201,9 +201,9 @@ class GuardedTrainingTest(tf.test.TestCase):
 
 class MakeTpuEstimatorGuardTest(tf.test.TestCase):
 
-  def test_user_gets_an_op_error_that_translates_to_the_guard_error(self):
+  def test_train_raises_the_guard_error(self):
     # What estimator.train raises with numeric_guard=True, as documented in
-    # make_tpu_estimator: the TensorFlow error, which translate_error names.
+    # make_tpu_estimator: NumericGuardError, TensorFlow's error its cause.
 
     def model_fn(features, labels, mode, params):
       del params
@@ -221,11 +221,41 @@ class MakeTpuEstimatorGuardTest(tf.test.TestCase):
     estimator = eb.make_tpu_estimator(
         model_fn, model_dir=self.create_tempdir().full_path,
         precision='float32', train_batch_size=8, numeric_guard=True)
-    with self.assertRaises(tf.errors.InvalidArgumentError) as caught:
+    with self.assertRaises(eb.NumericGuardError) as caught:
       estimator.train(input_fn, max_steps=10)
-    error = guards.translate_error(caught.exception)
-    self.assertIsInstance(error, eb.NumericGuardError)
-    self.assertIsNotNone(error.step)
+    error = caught.exception
+    # Step 0 moves w to 1 - 1e30 * 6 (the gradient of the mean squared
+    # error 3**2 is 6 per weight); step 1's loss overflows to Inf.
+    self.assertEqual(error.step, 1)
+    self.assertTrue(any('loss' in tensor for tensor in error.tensors),
+                    error.tensors)
+    self.assertIsInstance(error.__cause__, tf.errors.InvalidArgumentError)
+    # Nothing non-finite reached a checkpoint: the only one is step 0's.
+    self.assertEqual(estimator.get_variable_value('global_step'), 0)
+    self.assertAllEqual(estimator.get_variable_value('w'), np.ones([4, 1]))
+
+  def test_other_errors_pass_unchanged(self):
+
+    def model_fn(features, labels, mode, params):
+      del labels, params
+      weight = tf.compat.v1.get_variable('w', initializer=tf.ones([4, 1]))
+      loss = tf.reduce_sum(tf.matmul(features, weight))
+      checked = tf.debugging.assert_less(loss, -1.0, message='user check')
+      with tf.control_dependencies([checked]):
+        train_op = tf.compat.v1.assign_add(
+            tf.compat.v1.train.get_or_create_global_step(), 1)
+      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+          mode, loss=loss, train_op=train_op)
+
+    def input_fn(params):
+      data = tf.data.Dataset.from_tensors(tf.ones([4]))
+      return data.repeat().batch(params['batch_size'], drop_remainder=True)
+
+    estimator = eb.make_tpu_estimator(
+        model_fn, model_dir=self.create_tempdir().full_path,
+        precision='float32', train_batch_size=8, numeric_guard=True)
+    with self.assertRaisesRegex(tf.errors.InvalidArgumentError, 'user check'):
+      estimator.train(input_fn, max_steps=2)
 
 
 @pytest.mark.slow

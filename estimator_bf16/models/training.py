@@ -360,16 +360,20 @@ def _check_before_training(options, model, replicas=1):
       ('eval', model.eval_input_fn, params(options.eval_batch_size))])
 
 
+def _advised(numeric):
+  """A `NumericGuardError` that also says what to try from the command line."""
+  return guards.NumericGuardError(
+      '%s Rerun to resume from the last checkpoint with a lower '
+      '--learning_rate, or compare with --precision=float32; '
+      '--activation_stats_steps=N reports bfloat16 activation ranges.' %
+      numeric, numeric.step, numeric.tensors)
+
+
 def _explained(error, context, step=None):
   """The guard or input error behind a TensorFlow error, or None."""
   numeric = guards.translate_error(error)
   if numeric is not None:
-    return guards.NumericGuardError(
-        '%s Rerun to resume from the last checkpoint with a lower '
-        '--learning_rate, or compare with --precision=float32; '
-        '--activation_stats_steps=N reports bfloat16 activation ranges.' %
-        numeric, numeric.step,
-        numeric.tensors)
+    return _advised(numeric)
   return records.translate_error(error, context, step)
 
 
@@ -466,6 +470,8 @@ def run(options, hooks=()):
     try:
       estimator.train(model.train_input_fn, max_steps=options.train_steps,
                       hooks=train_hooks + list(hooks))
+    except guards.NumericGuardError as e:  # from make_tpu_estimator's guard
+      raise _advised(e) from e
     except tf.errors.OpError as e:
       explained = (strategy and compat_distribute.explain(e, strategy)) or (
           _explained(e, 'the training data', stopper.step))
