@@ -46,6 +46,25 @@ def onednn_setting():
   return 'TF_ENABLE_ONEDNN_OPTS=%s' % value
 
 
+def onednn_rewrite_active():
+  """Whether TensorFlow's oneDNN bfloat16 rewrite acts on this CPU.
+
+  The grappler pass `auto_mixed_precision_onednn_bfloat16` leaves the graph
+  alone ("oneDNN BFloat16 support are only on platforms with AVX512") unless
+  TensorFlow's own CPU check passes (AVX512F on TensorFlow 2.15), and it is
+  part of oneDNN, so TF_ENABLE_ONEDNN_OPTS=0 turns it off too.
+  """
+  if os.environ.get('TF_ENABLE_ONEDNN_OPTS', '1').lower() in ('0', 'false'):
+    return False
+  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.util import _pywrap_utils
+  # pylint: enable=g-import-not-at-top
+  check = getattr(_pywrap_utils, 'IsBF16SupportedByOneDNNOnThisCPU', None)
+  if check is not None:
+    return bool(check())
+  return 'avx512f' in cpu_info()[1]
+
+
 def load_average():
   try:
     return list(os.getloadavg())
@@ -78,6 +97,8 @@ def describe():
       'native_bfloat16': bool({'avx512_bf16', 'amx_bf16'} & flags),
       # False also when oneDNN is off: then TensorFlow emulates bfloat16.
       'bfloat16_kernels_native': eb_cpu.bfloat16_support().native,
+      # Whether the peer, TensorFlow's oneDNN bfloat16 rewrite, acts here.
+      'onednn_rewrite_active': onednn_rewrite_active(),
       'onednn': onednn_setting(),
       'tf_cpu_allocator_use_bfc': os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'),
       'tensorflow': tf.__version__,

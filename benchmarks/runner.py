@@ -78,8 +78,11 @@ def measure_model(spec, config, cpu_upcast):
                                        graphs.onednn_rewrite_config())
   logging.info('%s %s: peak %.1f MiB at batch %d', spec.name, REWRITE,
                rewrite['peak_step_bytes'] / MiB, spec.batch_size)
+  # Whether the pass changed anything: it inserts casts into the graph it
+  # runs, and inserts none on a CPU where TensorFlow does not enable it.
   result[REWRITE] = {'peak_step_bytes': rewrite['peak_step_bytes'],
-                     'memory': rewrite}
+                     'memory': rewrite,
+                     'applied': rewrite['executed']['casts'] > 0}
   rates = _throughput(spec, config, steps)
   result['throughput_windows'] = rates
   for variant in VARIANTS:

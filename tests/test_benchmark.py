@@ -121,8 +121,13 @@ def test_each_variant_ran_what_it_claims(outputs):
   # the very float32 graph.
   assert executed['float32']['casts'] == 0
   assert executed['bfloat16']['casts'] > 0
-  assert executed[runner.REWRITE]['casts'] > 0
-  for variant in ('bfloat16', runner.REWRITE):
+  # TensorFlow enables its rewrite only on some CPUs (AVX512F): where it
+  # does, it must have inserted casts; elsewhere it must have left the
+  # float32 graph alone, and the results must say it did not apply.
+  active = results['env']['onednn_rewrite_active']
+  assert (executed[runner.REWRITE]['casts'] > 0) == active
+  assert model[runner.REWRITE]['applied'] == active
+  for variant in ('bfloat16', runner.REWRITE)[:2 if active else 1]:
     assert 0 < executed[variant]['cast_bytes']
     assert executed[variant]['cast_micros'] <= executed[variant]['op_micros']
   assert model['bfloat16']['graph']['bfloat16_flop_share'] > 0.9
@@ -187,14 +192,20 @@ def test_targets_are_judged_from_the_numbers(outputs):
       'throughput_vs_rewrite']
   speed = rows['throughput ours / TF oneDNN rewrite >= 1.0 (every model)']
   assert ('mnist_mlp %.2f' % vs_rewrite) in speed['measured']
-  if native:
-    assert speed['met'] == (vs_rewrite >= 1.0)
-  else:
+  active = results['env']['onednn_rewrite_active']
+  if not native:
     assert speed['met'] is None and 'emulated' in speed['measured']
+  elif not active:
+    assert speed['met'] is None and 'inactive' in speed['measured']
+  else:
+    assert speed['met'] == (vs_rewrite >= 1.0)
   memory_row = rows[
       'peak step memory ours / TF oneDNN rewrite <= 1.0 (every model)']
-  assert memory_row['met'] == (
-      results['models']['mnist_mlp']['ratios']['memory_vs_rewrite'] <= 1.0)
+  if active:
+    assert memory_row['met'] == (results['models']['mnist_mlp']['ratios'][
+        'memory_vs_rewrite'] <= 1.0)
+  else:
+    assert memory_row['met'] is None and 'inactive' in memory_row['measured']
   assert rows['wrapper adds no ops besides casts']['met'] is True
   # No ResNet or BERT in this run: their targets are unmeasured, not met.
   assert rows['throughput bf16/fp32 >= 1.6x (BERT)']['met'] is None
@@ -210,6 +221,8 @@ def test_report_files_and_readme_splice(outputs, tmp_path):
   assert table.startswith('# estimator_bf16 benchmarks')
   assert (report.EMULATED_NOTE in table) != bool(
       results['env']['bfloat16_kernels_native'])
+  assert (report.REWRITE_INACTIVE_NOTE in table) != bool(
+      results['env']['onednn_rewrite_active'])
   with open(os.path.join(out_dir, 'readme_block.md')) as f:
     block = f.read()
   assert results['env']['date'] in block
@@ -254,7 +267,7 @@ def test_max_batch_search_brackets_a_linear_peak(monkeypatch):
     return {'batch_size': step.batch_size,
             'peak_step_bytes': 100 + 3 * step.batch_size}
 
-  monkeypatch.setattr(memory, 'measure_step_memory', fake_measure)
+  monkeypatch.setattr(step_memory, 'measure_step_memory', fake_measure)
   result = step_memory.max_batch_in_budget(
       FakeStep, 1000, guess=250, known=[fake_measure(FakeStep(10))],
       tolerance=0.05)
@@ -278,6 +291,8 @@ def test_an_emulating_cpu_gets_every_figure_but_no_speed_verdict(outputs):
   emulated = json.loads(json.dumps(results))
   emulated['env'].update(native_bfloat16=False,
                          bfloat16_kernels_native=False)
+  # An AVX512F CPU without AVX512-BF16: the rewrite acts, bfloat16 is slow.
+  emulated['models']['mnist_mlp'][runner.REWRITE]['applied'] = True
   rows = {row['target']: row for row in report.targets(emulated)}
   for target in ('throughput ours / TF oneDNN rewrite >= 1.0 (every model)',
                  'throughput ours / Keras mixed_bfloat16 >= 1.0'):
@@ -289,4 +304,24 @@ def test_an_emulating_cpu_gets_every_figure_but_no_speed_verdict(outputs):
                   'memory_vs_rewrite'] <= 1.0)
   table = report.markdown(emulated)
   assert report.EMULATED_NOTE in table
+  assert report.REWRITE_INACTIVE_NOTE not in table
   assert '| mnist_mlp | 64 |' in table
+
+
+@pytest.mark.slow
+def test_an_inactive_rewrite_is_said_and_not_judged(outputs):
+  results, _, _ = outputs
+  inactive = json.loads(json.dumps(results))
+  inactive['env'].update(native_bfloat16=True, bfloat16_kernels_native=True)
+  inactive['models']['mnist_mlp'][runner.REWRITE]['applied'] = False
+  rows = {row['target']: row for row in report.targets(inactive)}
+  for target in ('throughput ours / TF oneDNN rewrite >= 1.0 (every model)',
+                 'peak step memory ours / TF oneDNN rewrite <= 1.0 (every '
+                 'model)'):
+    assert rows[target]['met'] is None, target
+    assert 'TF rewrite inactive' in rows[target]['measured'], target
+  # Targets that do not involve the rewrite are still judged.
+  assert rows['throughput ours / Keras mixed_bfloat16 >= 1.0']['met'] == (
+      results['keras_mixed_bfloat16']['throughput_ratio'] >= 1.0)
+  assert report.REWRITE_INACTIVE_NOTE in report.markdown(inactive)
+  assert report.REWRITE_INACTIVE_NOTE in report.readme_block(inactive)
