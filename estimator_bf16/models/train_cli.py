@@ -149,7 +149,23 @@ def run(argv=None):
     # TPUEstimatorSpec); this program opts in to the stand-in explicitly.
     eb.compat.install()
   define_flags()
+  _help_names_this_program()
   app.run(main, argv=argv)
+
+
+def _help_names_this_program(flag_values=flags.FLAGS):
+  """Makes --help list this program's flags and usage under any launcher.
+
+  absl's --help shows the flags and docstring of the main module, found by
+  `sys.argv[0]`. Run as `python -m`, that is this module; run as the
+  `estimator-bf16-train` console script it is the generated launcher, which
+  defines nothing, so --help would list no flag at all.
+  """
+  main_module = sys.modules['__main__']
+  if main_module.__doc__ is None:
+    main_module.__doc__ = __doc__
+  for flag in flag_values.get_key_flags_for_module(__name__):
+    flag_values.register_key_flag_for_module(sys.argv[0], flag)
 
 
 if __name__ == '__main__':
