@@ -22,7 +22,9 @@ just before they are created, by op type (`estimator_bf16.op_lists`):
   stored float32, under the same name.
 
 Casts are made once per tensor and reused; a float32 copy of a bfloat16
-tensor is never cast back, the bfloat16 original is used.
+tensor is never cast back, the bfloat16 original is used. The gradients of
+float32-list ops read bfloat16 tensors, not float32 copies
+(`autocast_gradients`).
 
 Scope of the change: the two functions are replaced while any thread is
 inside an autocast context and put back when the last one leaves, but the
@@ -36,12 +38,11 @@ import threading
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import op_def_registry
-from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.framework import tensor_conversion_registry
 
+from estimator_bf16 import autocast_gradients
 from estimator_bf16 import casting
 from estimator_bf16 import op_lists
 from estimator_bf16 import patching
@@ -226,8 +227,9 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     _cast_half_inputs(op_def, keywords, tf.float32)
     result = _ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
     op = result[2]
-    if any(_bfloat16_source(t) is not None for t in op.inputs):
-      _set_gradient(op, _FROM_BFLOAT16_GRADIENT)
+    if any(autocast_gradients.bfloat16_source(t) is not None
+           for t in op.inputs):
+      autocast_gradients.read_bfloat16_inputs_in_gradient(op)
     return result
   if op_type == 'Cast':
     return _remember_rounding(op_type, name, keywords)
@@ -240,7 +242,7 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     if op_type == 'SparseMatMul':
       op_type, keywords = 'MatMul', _matmul_keywords(keywords)
   elif mode == 'bfloat16' and op_type in op_lists.FOLLOW_BFLOAT16_OPS:
-    source = _bfloat16_source(keywords.get('x'))
+    source = autocast_gradients.bfloat16_source(keywords.get('x'))
     if source is not None:
       keywords['x'] = source
   else:
@@ -302,15 +304,6 @@ def _is_number(value):
   return isinstance(value, np.ndarray) and value.dtype.kind in 'fiu'
 
 
-def _bfloat16_source(value):
-  """The bfloat16 tensor `value` is a float32 copy of, or None."""
-  if (isinstance(value, tf.Tensor) and value.op.type == 'Cast' and
-      value.dtype.base_dtype == tf.float32 and
-      value.op.inputs[0].dtype.base_dtype == tf.bfloat16):
-    return value.op.inputs[0]
-  return None
-
-
 def _cast(value, dtype):
   """`value` in `dtype`, reusing a cast already made for the same tensor."""
   if dtype == tf.float32:
@@ -318,7 +311,7 @@ def _cast(value, dtype):
     if original is not None:
       return original
   elif dtype == tf.bfloat16:
-    source = _bfloat16_source(value)
+    source = autocast_gradients.bfloat16_source(value)
     if source is not None:
       return source  # bfloat16 -> float32 -> bfloat16 is exact: skip both.
   graph = tf.compat.v1.get_default_graph()
@@ -522,69 +515,6 @@ def _remember_rounding(op_type, name, keywords):
   return result
 
 
-_SOFTMAX_GRADIENT = 'EstimatorBf16RoundedSoftmax'
-_FROM_BFLOAT16_GRADIENT = 'EstimatorBf16FromBfloat16Inputs'
-
-
-def _set_gradient(op, gradient_name):
-  # Set on the op itself rather than through the graph's gradient override
-  # map, so that no op another thread creates meanwhile is affected.
-  op._set_attr('_gradient_op_type', attr_value_pb2.AttrValue(  # pylint: disable=protected-access
-      s=gradient_name.encode()))
-
-
-class _WithInputs(object):
-  """An op seen by a gradient function with other (equal-valued) inputs."""
-
-  def __init__(self, op, inputs):
-    self._op = op
-    self.inputs = inputs
-
-  def __getattr__(self, name):
-    return getattr(self._op, name)
-
-
-@tf.RegisterGradient(_FROM_BFLOAT16_GRADIENT)
-def _gradient_from_bfloat16_inputs(op, *grads):
-  """The op's own gradient, reading float32 inputs anew from bfloat16.
-
-  A float32-list op fed with a float32 copy of a bfloat16 tensor (layer norm
-  statistics: `SquaredDifference(x, mean)`) has a gradient that reads that
-  copy, which would keep 4 bytes an element alive until the backward pass.
-  The copy is made again from the bfloat16 tensor when the gradient runs
-  (after the incoming gradient, hence late); the values are identical, since
-  bfloat16 -> float32 is exact.
-  """
-  ready = [g for g in grads if isinstance(g, tf.Tensor)]
-  with tf.control_dependencies(ready):
-    inputs = [tf.cast(_bfloat16_source(t), tf.float32)
-              if _bfloat16_source(t) is not None else t for t in op.inputs]
-  gradient_fn = tf_ops.gradient_registry.lookup(op.type)
-  return gradient_fn(_WithInputs(op, inputs), *grads)
-
-
-@tf.RegisterGradient(_SOFTMAX_GRADIENT)
-def _rounded_softmax_gradient(op, grad):
-  """Softmax's gradient computed from the bfloat16 rounding of its output.
-
-  TensorFlow's own gradient reads the float32 output, which would keep a
-  float32 copy of every attention-probability tensor alive until the
-  backward pass, next to the bfloat16 one the attention matmul keeps. Read
-  through the rounding, the float32 output is freed as soon as it is cast:
-  attention costs 2 bytes an element, as in a bfloat16 network, while the
-  forward values are still those of a float32 softmax.
-  """
-  probabilities = op.outputs[0]
-  for consumer in probabilities.consumers():
-    if (consumer.type == 'Cast' and
-        consumer.outputs[0].dtype.base_dtype in casting.HALF_DTYPES):
-      probabilities = tf.cast(consumer.outputs[0], tf.float32)
-      break
-  grad = tf.cast(grad, tf.float32)
-  inner = tf.reduce_sum(grad * probabilities, axis=-1, keepdims=True)
-  return (grad - inner) * probabilities
-
-
 def _float32_keep_dtype(op_def, op_type, name, keywords):
   dtypes = [_dtype(_get(keywords, slot))
             for slots in _slots(op_def, keywords).values() for slot in slots]
@@ -595,7 +525,7 @@ def _float32_keep_dtype(op_def, op_type, name, keywords):
   structure, stateful, op, outputs = _ORIGINAL_APPLY_OP(
       op_type, name=name, **keywords)
   if op_type == 'Softmax':
-    _set_gradient(op, _SOFTMAX_GRADIENT)
+    autocast_gradients.round_softmax_gradient(op)
   rounded = []
   for output in outputs:
     if output.dtype == tf.float32:
