@@ -38,79 +38,91 @@ from estimator_bf16 import strategies
 
 # Stopped by SIGTERM after writing a checkpoint: the usual 128 + signal.
 PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
+_OPTION_FIELDS = {field.name: field
+                  for field in dataclasses.fields(training.TrainOptions)}
+
+
+def _default(name):
+  """The default of `training.TrainOptions`' field `name` (None if none)."""
+  field = _OPTION_FIELDS[name]
+  return None if field.default is dataclasses.MISSING else field.default
 
 
 def define_flags(flag_values=flags.FLAGS):
-  """Defines the flags of this program on `flag_values` (call once)."""
+  """Defines the flags of this program on `flag_values` (call once).
+
+  Each flag's default is its `training.TrainOptions` field's default (None
+  for the required --model and --model_dir): one source for both.
+  """
   f = flag_values
 
-  def string(name, default, help_text):
-    flags.DEFINE_string(name, default, help_text, flag_values=f)
+  def string(name, help_text):
+    flags.DEFINE_string(name, _default(name), help_text, flag_values=f)
 
-  def integer(name, default, help_text, lower_bound=1):
-    flags.DEFINE_integer(name, default, help_text, lower_bound=lower_bound,
-                         flag_values=f)
+  def integer(name, help_text, lower_bound=1):
+    flags.DEFINE_integer(name, _default(name), help_text,
+                         lower_bound=lower_bound, flag_values=f)
 
-  flags.DEFINE_enum('model', None, registry.MODELS, 'Model family.',
-                    flag_values=f)
-  flags.DEFINE_enum('precision', 'float32', eb.PRECISIONS,
-                    'Compute precision; variables stay float32 either way.',
-                    flag_values=f)
-  string('model_dir', None, 'Checkpoints, summaries and the export.')
-  string('data_dir', None, 'TFRecords of a real data set; unset: built-in '
-         'data (digits or synthetic).')
-  string('dataset', None, 'One of registry.DATASETS[model]; unset: the real '
-         'one with --data_dir, else the built-in one.')
-  integer('train_steps', None, 'Training steps (global, not per core).')
-  integer('eval_steps', None, 'Eval batches; unset: the whole eval split.')
-  integer('train_batch_size', None, 'Global training batch.')
-  integer('eval_batch_size', None, 'Global eval batch.')
-  integer('save_checkpoints_steps', None, 'Checkpoint every N steps.')
-  integer('keep_checkpoint_max', 5, 'Checkpoints kept.')
-  flags.DEFINE_bool('use_tpu', False, 'Run on a Cloud TPU.', flag_values=f)
-  string('tpu', None, "TPU name or address ('local' on a TPU VM).")
-  string('tpu_zone', None, 'GCE zone of the TPU.')
-  string('gcp_project', None, 'GCP project of the TPU.')
-  integer('iterations_per_loop', 100, 'Steps per TPU loop.')
-  integer('num_shards', None, 'TPU cores (8 on a v2-8 or v3-8).')
-  flags.DEFINE_enum('distribute', None, strategies.KINDS,
-                    'Data parallelism on CPUs/GPUs: mirrored (this '
-                    "process's devices) or multi_worker (hosts, TF_CONFIG); "
-                    'unset: one device.', flag_values=f)
-  integer('cpu_devices', None, 'With --distribute=mirrored: split the CPU '
-          'into N logical devices (to try replicas without GPUs).')
-  flags.DEFINE_float('worker_timeout_secs',
-                     strategies.DEFAULT_TIMEOUT_SECONDS,
-                     'With --distribute=multi_worker: a task that waits this '
-                     'long for another fails, naming it.', lower_bound=1.0,
-                     flag_values=f)
-  flags.DEFINE_enum('optimizer', None, optimizers.OPTIMIZERS,
-                    'Optimizer; unset: the model default.', flag_values=f)
-  flags.DEFINE_float('learning_rate', None, 'Peak learning rate.',
-                     flag_values=f)
-  flags.DEFINE_float('weight_decay', None, 'L2 coefficient (AdamW: decay '
-                     'rate).', flag_values=f)
-  integer('warmup_steps', None, 'Linear warm-up steps.', lower_bound=0)
-  integer('resnet_depth', None, 'ResNet depth: 18, 34, 50, 101 or 152.')
-  integer('image_size', None, 'Square image side.')
-  integer('num_classes', None, 'Classes (BERT: labels).')
-  flags.DEFINE_enum('bert_preset', None, bert.PRESETS, 'BERT size preset.',
-                    flag_values=f)
-  integer('seq_length', None, 'BERT sequence length.')
-  integer('vocab_size', None, 'BERT vocabulary size.')
-  integer('seed', 0, 'Seed of initialisation and data order.', lower_bound=0)
-  integer('log_every_steps', 100, 'Log the step and examples/sec this often.')
-  flags.DEFINE_bool('export', True, 'Export a float32 SavedModel.',
-                    flag_values=f)
-  flags.DEFINE_bool('numeric_guard', True, 'Stop with the step and tensor '
-                    'named when the loss or a gradient is NaN/Inf, before '
-                    'that update is applied (local runs).', flag_values=f)
-  flags.DEFINE_bool('skip_corrupt_records', False, 'Skip the unreadable '
-                    'rest of a corrupt or truncated TFRecord file, counting '
-                    'such files on stderr, instead of failing.',
-                    flag_values=f)
-  integer('activation_stats_steps', 0, 'Every N steps, measure max |x| and '
-          'the underflow share of each bfloat16 activation (debug; 0: off).',
+  def real(name, help_text, **kwargs):
+    flags.DEFINE_float(name, _default(name), help_text, flag_values=f,
+                       **kwargs)
+
+  def boolean(name, help_text):
+    flags.DEFINE_bool(name, _default(name), help_text, flag_values=f)
+
+  def enum(name, choices, help_text):
+    flags.DEFINE_enum(name, _default(name), choices, help_text,
+                      flag_values=f)
+
+  enum('model', registry.MODELS, 'Model family.')
+  enum('precision', eb.PRECISIONS,
+       'Compute precision; variables stay float32 either way.')
+  string('model_dir', 'Checkpoints, summaries and the export.')
+  string('data_dir', 'TFRecords of a real data set; unset: built-in data '
+         '(digits or synthetic).')
+  string('dataset', 'One of registry.DATASETS[model]; unset: the real one '
+         'with --data_dir, else the built-in one.')
+  integer('train_steps', 'Training steps (global, not per core).')
+  integer('eval_steps', 'Eval batches; unset: the whole eval split.')
+  integer('train_batch_size', 'Global training batch.')
+  integer('eval_batch_size', 'Global eval batch.')
+  integer('save_checkpoints_steps', 'Checkpoint every N steps.')
+  integer('keep_checkpoint_max', 'Checkpoints kept.')
+  boolean('use_tpu', 'Run on a Cloud TPU.')
+  string('tpu', "TPU name or address ('local' on a TPU VM).")
+  string('tpu_zone', 'GCE zone of the TPU.')
+  string('gcp_project', 'GCP project of the TPU.')
+  integer('iterations_per_loop', 'Steps per TPU loop.')
+  integer('num_shards', 'TPU cores (8 on a v2-8 or v3-8).')
+  enum('distribute', strategies.KINDS,
+       "Data parallelism on CPUs/GPUs: mirrored (this process's devices) or "
+       'multi_worker (hosts, TF_CONFIG); unset: one device.')
+  integer('cpu_devices', 'With --distribute=mirrored: split the CPU into N '
+          'logical devices (to try replicas without GPUs).')
+  real('worker_timeout_secs', 'With --distribute=multi_worker: a task that '
+       'waits this long for another fails, naming it.', lower_bound=1.0)
+  enum('optimizer', optimizers.OPTIMIZERS,
+       'Optimizer; unset: the model default.')
+  real('learning_rate', 'Peak learning rate.')
+  real('weight_decay', 'L2 coefficient (AdamW: decay rate).')
+  integer('warmup_steps', 'Linear warm-up steps.', lower_bound=0)
+  integer('resnet_depth', 'ResNet depth: 18, 34, 50, 101 or 152.')
+  integer('image_size', 'Square image side.')
+  integer('num_classes', 'Classes (BERT: labels).')
+  enum('bert_preset', bert.PRESETS, 'BERT size preset.')
+  integer('seq_length', 'BERT sequence length.')
+  integer('vocab_size', 'BERT vocabulary size.')
+  integer('seed', 'Seed of initialisation and data order.', lower_bound=0)
+  integer('log_every_steps', 'Log the step and examples/sec this often.')
+  boolean('export', 'Export a float32 SavedModel.')
+  boolean('numeric_guard', 'Stop with the step and tensor named when the '
+          'loss or a gradient is NaN/Inf, before that update is applied '
+          '(local runs).')
+  boolean('skip_corrupt_records', 'Skip the unreadable rest of a corrupt or '
+          'truncated TFRecord file, counting such files on stderr, instead '
+          'of failing.')
+  integer('activation_stats_steps', 'Every N steps, measure max |x| and the '
+          'underflow share of each bfloat16 activation (debug; 0: off).',
           lower_bound=0)
   flags.mark_flags_as_required(['model', 'model_dir'], flag_values=f)
 
