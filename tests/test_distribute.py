@@ -313,6 +313,25 @@ class TFConfigTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIsNone(distribute.explain(
         tf.errors.InvalidArgumentError(None, None, 'bad shape'), strategy))
 
+  def test_timed_out_collective_names_the_silent_peers(self):
+    # A collective that times out names no task; the other training tasks
+    # are the suspects (the evaluator takes no part in all-reduce).
+    timeout = tf.errors.DeadlineExceededError(
+        None, None, 'Collective has timed out waiting for other workers.')
+    for cluster_def, suspects in (
+        ({'chief': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2'],
+          'evaluator': ['127.0.0.1:3']}, 'worker:0 did not answer'),
+        ({'chief': ['127.0.0.1:1'],
+          'worker': ['127.0.0.1:2', '127.0.0.1:3']},
+         'one of worker:0, worker:1 did not answer')):
+      strategy = eb.make_strategy(
+          'multi_worker', environ={'TF_CONFIG': _config(cluster_def,
+                                                        'chief')},
+          timeout_seconds=5)
+      failure = distribute.explain(timeout, strategy)
+      self.assertIn('Task chief:0 stopped: ' + suspects, str(failure))
+      self.assertIn('DeadlineExceededError', str(failure))
+
 
 class CliTest(tf.test.TestCase):
   """--distribute and --cpu_devices of the training CLI (estimator_bf16.models.training)."""

@@ -30,10 +30,16 @@ _BATCH = 64
 # order) and bfloat16 rounds differently, so accuracies after 200 steps vary
 # by about 0.01 between runs; on 360 test digits 0.03 is 11 images.
 _ACCURACY_TOLERANCE = 0.03
-# A lost peer is noticed by gRPC within about a second; the task then needs
-# a few seconds to exit. The bound includes the launcher's grace period.
+# A killed peer is noticed within about a second when a transfer with it is
+# under way (gRPC sees the connection reset), and otherwise when the
+# collective that waits for it times out (e.g. the chief, the group's
+# leader, waiting for the peer to join the next all-reduce). The launcher
+# gives the others longer than that to stop on their own, so the chief
+# always reports the lost task itself; the bound is the timeout plus the
+# seconds a task needs to exit.
 _WORKER_TIMEOUT_SECS = 20
-_STOP_BOUND_SECS = 30
+_GRACE_SECS = _WORKER_TIMEOUT_SECS + 20
+_STOP_BOUND_SECS = _WORKER_TIMEOUT_SECS + 15
 
 _CACHE = isolated_cache.IsolatedCache()
 
@@ -54,13 +60,13 @@ def _command(model_dir, steps=_STEPS, extra=()):
           '--worker_timeout_secs=%d' % _WORKER_TIMEOUT_SECS] + list(extra)
 
 
-def _launch(command, workers=2, evaluator=False):
+def _launch(command, workers=2, evaluator=False, grace_secs=_GRACE_SECS):
   """Starts the launcher; returns the Popen with merged text output."""
   env = dict(os.environ, PYTHONPATH=_REPO)
   return subprocess.Popen(
       [sys.executable, '-m', 'estimator_bf16.launch',
-       '--workers=%d' % workers, '--evaluator=%s' % evaluator, '--'] +
-      command,
+       '--workers=%d' % workers, '--evaluator=%s' % evaluator,
+       '--grace_secs=%d' % grace_secs, '--'] + command,
       cwd=_REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)
 
@@ -113,11 +119,14 @@ class MultiWorkerTest(tf.test.TestCase):
     self.assertGreater(single['accuracy'], 0.9)
     self.assertNear(single['accuracy'], two['accuracy'], _ACCURACY_TOLERANCE)
 
-  def test_killed_worker_stops_the_job_and_rerun_resumes(self):
-    model_dir = os.path.join(self.get_temp_dir(), 'killed')
-    command = _command(model_dir, steps=600,
-                       extra=['--save_checkpoints_steps=50'])
-    process = _launch(command)
+  def _start_and_signal_worker(self, model_dir, command, sig, **launch_args):
+    """Launches 2 tasks, sends `sig` to worker:0 after the first checkpoint.
+
+    Returns:
+      (launcher Popen, seconds from the signal to the launcher's exit, the
+      job's output so far).
+    """
+    process = _launch(command, **launch_args)
     lines = []
     # Drained all along: a full pipe would stall the launcher and the job.
     reader = threading.Thread(target=_read_into, args=(process, lines),
@@ -132,17 +141,26 @@ class MultiWorkerTest(tf.test.TestCase):
     (worker_pid,) = [int(line.split('(pid ')[1].split(')')[0])
                      for line in list(lines)
                      if line.startswith('[launch] started worker:0 (pid ')]
-    os.kill(worker_pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    process.wait(timeout=_STOP_BOUND_SECS + 30)
-    stopped_after = time.monotonic() - killed_at
+    os.kill(worker_pid, sig)
+    signalled_at = time.monotonic()
+    process.wait(timeout=_STOP_BOUND_SECS + 60)
+    stopped_after = time.monotonic() - signalled_at
     reader.join(timeout=10)
-    output = ''.join(lines)
-    self.assertLess(stopped_after, _STOP_BOUND_SECS)
-    self.assertEqual(128 + signal.SIGKILL, process.returncode)
+    return process, stopped_after, ''.join(lines)
+
+  def test_killed_worker_stops_the_job_and_rerun_resumes(self):
+    model_dir = os.path.join(self.get_temp_dir(), 'killed')
+    command = _command(model_dir, steps=600,
+                       extra=['--save_checkpoints_steps=50'])
+    process, stopped_after, output = self._start_and_signal_worker(
+        model_dir, command, signal.SIGKILL)
+    tail = output[-6000:]  # what the job printed, for a failure's message
+    self.assertLess(stopped_after, _STOP_BOUND_SECS, tail)
+    self.assertEqual(128 + signal.SIGKILL, process.returncode, tail)
     self.assertIn('[launch] worker:0 was killed by SIGKILL; stopping the '
                   'other tasks.', output)
-    self.assertIn('Task chief:0 stopped: worker:0 did not answer', output)
+    self.assertIn('Task chief:0 stopped: worker:0 did not answer', output,
+                  tail)
     saved = _step(model_dir)
     self.assertBetween(saved, 50, 599)
 
@@ -155,6 +173,27 @@ class MultiWorkerTest(tf.test.TestCase):
     self.assertIn('[worker:0] INFO:tensorflow:' + restored, output)
     self.assertEqual(600, _step(model_dir))
     self.assertEqual(600, _chief_result(output)['eval']['global_step'])
+
+
+  def test_hung_worker_stops_the_job_at_the_collective_timeout(self):
+    # A stopped (not dead) process keeps its connections open: only the
+    # collective timeout can tell. The chief fails first, so a short grace
+    # lets the launcher stop the hung worker soon after.
+    model_dir = os.path.join(self.get_temp_dir(), 'hung')
+    command = _command(model_dir, steps=600,
+                       extra=['--save_checkpoints_steps=50'])
+    process, stopped_after, output = self._start_and_signal_worker(
+        model_dir, command, signal.SIGSTOP, grace_secs=1)
+    tail = output[-6000:]
+    self.assertIn('[chief:0] error: Task chief:0 stopped: worker:0 did not '
+                  'answer (DeadlineExceededError', output, tail)
+    self.assertIn('[launch] chief:0 exited with status 1; stopping the '
+                  'other tasks.', output, tail)
+    self.assertEqual(1, process.returncode, tail)
+    # Not before the timeout, and within it plus the launcher's grace and
+    # its SIGKILL delay (a stopped process ignores SIGTERM).
+    self.assertGreater(stopped_after, _WORKER_TIMEOUT_SECS - 1, tail)
+    self.assertLess(stopped_after, _STOP_BOUND_SECS + 10, tail)
 
 
 class LaunchTest(tf.test.TestCase):

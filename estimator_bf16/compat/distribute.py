@@ -206,6 +206,14 @@ def session_target(strategy, config):
   return server.target
 
 
+def _peers(strategy):
+  """'job:index' of every training task but this one, sorted."""
+  me = _task(strategy)
+  jobs = strategy.cluster_resolver.cluster_spec().as_dict()
+  return ['%s:%d' % (job, index) for job in sorted(jobs)
+          for index in range(len(jobs[job])) if (job, index) != me]
+
+
 def explain(error, strategy):
   """A `WorkerFailure` naming the failed task behind a TensorFlow error.
 
@@ -214,7 +222,10 @@ def explain(error, strategy):
     strategy: the strategy of that session.
 
   Returns:
-    A `WorkerFailure`, or None if `error` is not about another task.
+    A `WorkerFailure`, or None if `error` is not about another task. A
+    collective that timed out names no task (its peer was silent, hung or
+    gone without closing its connections): the message then names the
+    other training tasks, the only suspects.
   """
   if not is_multi_worker(strategy):
     return None
@@ -230,7 +241,11 @@ def explain(error, strategy):
                    if (job, int(task)) != me})
   if not others and not isinstance(error, tf.errors.DeadlineExceededError):
     return None
-  named = ', '.join('%s:%d' % task for task in others) or 'another task'
+  if others:
+    named = ', '.join('%s:%d' % task for task in others)
+  else:
+    peers = _peers(strategy)
+    named = peers[0] if len(peers) == 1 else 'one of %s' % ', '.join(peers)
   first_line = message.strip().splitlines()[0] if message.strip() else ''
   return WorkerFailure(
       'Task %s stopped: %s did not answer (%s: %s). A multi-worker job '
