@@ -194,50 +194,54 @@ class AdafactorOptimizer(dense_update.DenseUpdateOptimizer):
       An op that assigns the variable and its slots.
     """
     grad = tf.cast(grad, tf.float32)
-    value = tf.cast(tf.convert_to_tensor(var), tf.float32)
-    decay = self._decay_t
-    mix = 1.0 - decay
-    grad_sq = tf.square(grad) + self._epsilon1
-    assigns = []
+    with dense_update.after(grad):
+      value = tf.cast(tf.identity(var), tf.float32)
+      decay = self._decay_t
+      mix = 1.0 - decay
+      grad_sq = tf.square(grad) + self._epsilon1
+      assigns = []
 
-    if self._is_factored(var.shape):
-      v_row = self.get_slot(var, SLOT_ROW)
-      v_col = self.get_slot(var, SLOT_COL)
-      new_row = decay * v_row + mix * tf.reduce_mean(grad_sq, axis=-1)
-      new_col = decay * v_col + mix * tf.reduce_mean(grad_sq, axis=-2)
-      assigns += [self._assign(v_row, new_row), self._assign(v_col, new_col)]
-      # Normalizing the rows by their mean makes row x column an estimate of
-      # each element's mean square (the row sums and column sums both count
-      # the total once).
-      row_scale = tf.math.rsqrt(
-          new_row / tf.reduce_mean(new_row, axis=-1, keepdims=True))
-      col_scale = tf.math.rsqrt(new_col)
-      update = (grad * tf.expand_dims(row_scale, -1) *
-                tf.expand_dims(col_scale, -2))
-    else:
-      v = self.get_slot(var, SLOT_FULL)
-      new_v = decay * v + mix * grad_sq
-      assigns.append(self._assign(v, new_v))
-      update = grad * tf.math.rsqrt(new_v)
+      if self._is_factored(var.shape):
+        v_row = self.get_slot(var, SLOT_ROW)
+        v_col = self.get_slot(var, SLOT_COL)
+        new_row = (decay * tf.identity(v_row) +
+                   mix * tf.reduce_mean(grad_sq, axis=-1))
+        new_col = (decay * tf.identity(v_col) +
+                   mix * tf.reduce_mean(grad_sq, axis=-2))
+        assigns += [self._assign(v_row, new_row),
+                    self._assign(v_col, new_col)]
+        # Normalizing the rows by their mean makes row x column an estimate
+        # of each element's mean square (the row sums and column sums both
+        # count the total once).
+        row_scale = tf.math.rsqrt(
+            new_row / tf.reduce_mean(new_row, axis=-1, keepdims=True))
+        col_scale = tf.math.rsqrt(new_col)
+        update = (grad * tf.expand_dims(row_scale, -1) *
+                  tf.expand_dims(col_scale, -2))
+      else:
+        v = self.get_slot(var, SLOT_FULL)
+        new_v = decay * tf.identity(v) + mix * grad_sq
+        assigns.append(self._assign(v, new_v))
+        update = grad * tf.math.rsqrt(new_v)
 
-    if self._clipping_threshold is not None:
-      # A stale second moment (a gradient much larger than the average of
-      # recent ones) would otherwise give a huge step; the paper's fix for
-      # training without warmup and without momentum.
-      update /= tf.maximum(1.0, _rms(update) / self._clipping_threshold)
+      if self._clipping_threshold is not None:
+        # A stale second moment (a gradient much larger than the average
+        # of recent ones) would otherwise give a huge step; the paper's fix
+        # for training without warmup and without momentum.
+        update /= tf.maximum(1.0, _rms(update) / self._clipping_threshold)
 
-    step_size = self._lr_t
-    if self._multiply_by_parameter_scale:
-      step_size *= tf.maximum(_rms(value), self._epsilon2)
-    delta = step_size * update
+      step_size = self._lr_t
+      if self._multiply_by_parameter_scale:
+        step_size *= tf.maximum(_rms(value), self._epsilon2)
+      delta = step_size * update
 
-    if self._beta1 > 0.0:
-      m = self.get_slot(var, SLOT_MOMENTUM)
-      delta = self._beta1 * m + (1.0 - self._beta1) * delta
-      assigns.append(self._assign(m, delta))
+      if self._beta1 > 0.0:
+        m = self.get_slot(var, SLOT_MOMENTUM)
+        delta = self._beta1 * tf.identity(m) + (1.0 - self._beta1) * delta
+        assigns.append(self._assign(m, delta))
 
-    new_value = tf.cast(value - delta, var.dtype.base_dtype)
-    assigns.append(self._assign(var, new_value))
+      new_value = tf.cast(value - delta, var.dtype.base_dtype)
+      assigns.append(self._assign(var, new_value))
     return tf.group(*assigns)
 
   def _assign(self, ref, value):

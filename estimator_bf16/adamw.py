@@ -97,17 +97,19 @@ class AdamWeightDecayOptimizer(dense_update.DenseUpdateOptimizer):
   def _update(self, grad, var):
     """Builds the update of `var` (ref or resource) from a dense gradient."""
     grad = tf.cast(grad, tf.float32)
-    value = tf.cast(tf.convert_to_tensor(var), tf.float32)
     m = self.get_slot(var, 'm')
     v = self.get_slot(var, 'v')
-    new_m = self._beta1 * m + (1.0 - self._beta1) * grad
-    new_v = self._beta2 * v + (1.0 - self._beta2) * tf.square(grad)
-    update = new_m / (tf.sqrt(new_v) + self._epsilon)
-    if self.decays(var.op.name):
-      # Decoupled: the decay bypasses m and v, so every decayed weight
-      # shrinks by the same fraction regardless of its gradient history.
-      update += self._weight_decay_rate * value
-    new_value = tf.cast(value - self._lr_t * update, var.dtype.base_dtype)
+    with dense_update.after(grad):
+      value = tf.cast(tf.identity(var), tf.float32)
+      new_m = self._beta1 * tf.identity(m) + (1.0 - self._beta1) * grad
+      new_v = self._beta2 * tf.identity(v) + (1.0 - self._beta2) * tf.square(
+          grad)
+      update = new_m / (tf.sqrt(new_v) + self._epsilon)
+      if self.decays(var.op.name):
+        # Decoupled: the decay bypasses m and v, so every decayed weight
+        # shrinks by the same fraction regardless of its gradient history.
+        update += self._weight_decay_rate * value
+      new_value = tf.cast(value - self._lr_t * update, var.dtype.base_dtype)
     return tf.group(
         tf.compat.v1.assign(m, new_m, use_locking=self._use_locking),
         tf.compat.v1.assign(v, new_v, use_locking=self._use_locking),

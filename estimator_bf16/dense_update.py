@@ -1,6 +1,29 @@
 """A base class for optimizers written as one dense update rule."""
 
+import contextlib
+
 import tensorflow as tf
+
+
+@contextlib.contextmanager
+def after(grad):
+  """Ops built inside (variable and slot reads too) wait for `grad`.
+
+  A read of a variable or a slot has no data input, so the executor runs it,
+  and products of it such as `beta1 * m`, as soon as the step starts; they
+  are then held through the whole backward pass, a full-size float32 copy
+  per variable (for an embedding table, tens of MiB at the step's peak).
+  Reads made inside this block with `tf.identity` (a new read, which a
+  variable's cached snapshot is not) run once the gradient exists.
+
+  Args:
+    grad: the gradient tensor the update is built from.
+
+  Yields:
+    None.
+  """
+  with tf.control_dependencies([grad]):
+    yield
 
 
 class DenseUpdateOptimizer(tf.compat.v1.train.Optimizer):

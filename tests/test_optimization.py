@@ -139,6 +139,59 @@ class AdamWeightDecayTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(sess.run(bias), np.ones([2]))
 
 
+def _ancestors(op):
+  """Every op `op` waits for, through data and control inputs."""
+  seen, stack = set(), [op]
+  while stack:
+    current = stack.pop()
+    for parent in [t.op for t in current.inputs] + current.control_inputs:
+      if parent not in seen:
+        seen.add(parent)
+        stack.append(parent)
+  return seen
+
+
+class UpdateOrderTest(tf.test.TestCase, parameterized.TestCase):
+  """No variable-sized tensor of an update is made before its gradient.
+
+  Reads of a variable and of its slots have no data input, so TensorFlow
+  runs them, and products such as `beta1 * m`, as soon as a step starts;
+  they would then be held through the whole backward pass (for BERT's
+  embedding table, tens of MiB at the step's peak).
+  """
+
+  @parameterized.named_parameters(
+      ('adamw_resource', 'adamw', True, {}),
+      ('adamw_ref', 'adamw', False, {}),
+      ('adafactor_resource', 'adafactor', True, {}),
+      ('adafactor_ref', 'adafactor', False, {}),
+      ('adafactor_momentum', 'adafactor', True, {'beta1': 0.9}),
+      ('adafactor_unfactored', 'adafactor', True,
+       {'factored': False}))
+  def test_state_is_read_after_the_gradient(self, name, use_resource,
+                                            options):
+    with tf.Graph().as_default() as graph:
+      var = tf.compat.v1.get_variable('w', [6, 4], use_resource=use_resource)
+      grad = tf.identity(tf.compat.v1.placeholder(tf.float32, [6, 4]),
+                         name='the_gradient')
+      optimizer = optimizers.create_optimizer(
+          name, _RATES[name], adafactor_options=options or None)
+      before = set(graph.get_operations())
+      train = optimizer.apply_gradients([(grad, var)])
+      step_ops = _ancestors(train) - before
+      # Ops of the step that make a tensor of the variable's size; aliases
+      # of a ref variable's buffer (its snapshot) allocate nothing.
+      sized = [op for op in step_ops
+               if op.type != 'Const' and
+               any(t.shape == var.shape and t.dtype == tf.float32
+                   for t in op.outputs) and
+               not all(t.dtype._is_ref_dtype for t in op.inputs)]  # pylint: disable=protected-access
+      self.assertNotEmpty(sized)
+      early = [op.name for op in sized
+               if op is not grad.op and grad.op not in _ancestors(op)]
+      self.assertEmpty(early)
+
+
 class LearningRateScheduleTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
