@@ -81,7 +81,10 @@ def _rounded_softmax_gradient(op, grad):
   for consumer in probabilities.consumers():
     if (consumer.type == 'Cast' and
         consumer.outputs[0].dtype.base_dtype in casting.HALF_DTYPES):
-      probabilities = tf.cast(consumer.outputs[0], tf.float32)
+      # After the incoming gradient: a cast with no other input would run
+      # in the forward pass and hold its float32 copy until now.
+      with tf.control_dependencies([grad]):
+        probabilities = tf.cast(consumer.outputs[0], tf.float32)
       break
   grad = tf.cast(grad, tf.float32)
   inner = tf.reduce_sum(grad * probabilities, axis=-1, keepdims=True)

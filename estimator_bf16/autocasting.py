@@ -504,6 +504,12 @@ def _remember_rounding(op_type, name, keywords):
   `tf.compat.v1.losses.*`) computes in float32 and casts the result back to
   its input's dtype; a loss reduced from it, or returned by the model_fn,
   then uses the float32 value instead of its rounding.
+
+  Model code written for bfloat16 by hand does the same with attention:
+  `tf.cast(tf.nn.softmax(tf.cast(scores, tf.float32)), tf.bfloat16)` (the
+  tensorflow/tpu pattern). That softmax then gets the gradient autocast
+  gives its own float32 softmax, which reads the rounding, so the float32
+  probabilities are freed once cast instead of held for the backward pass.
   """
   result = _ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
   source = keywords.get('x')
@@ -512,6 +518,8 @@ def _remember_rounding(op_type, name, keywords):
       outputs[0].dtype.base_dtype in casting.HALF_DTYPES and
       _float32_list_result(source)):
     casting.remember_float32_original(outputs[0], source)
+    if source.op.type == 'Softmax':
+      autocast_gradients.round_softmax_gradient(source.op)
   return result
 
 

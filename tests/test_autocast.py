@@ -208,7 +208,7 @@ class ExactFloat32OutputsTest(tf.test.TestCase):
     self.assertGreater(np.abs(rounded - reference).max(), 1e-4)
 
 
-class BackwardMemoryTest(tf.test.TestCase):
+class BackwardMemoryTest(tf.test.TestCase, parameterized.TestCase):
   """The backward pass keeps bfloat16 tensors, not float32 copies of them."""
 
   def test_statistics_gradient_reads_the_bfloat16_input(self):
@@ -237,22 +237,34 @@ class BackwardMemoryTest(tf.test.TestCase):
     self.assertAllClose(got, want, atol=0.05 * np.abs(want).max())
 
 
-  def test_softmax_backward_reads_the_bfloat16_probabilities(self):
+  @parameterized.named_parameters(
+      ('autocast', tf.nn.softmax),
+      # tensorflow/tpu-style code: float32 softmax, rounded by the model.
+      ('by_hand', lambda scores: tf.cast(
+          tf.nn.softmax(tf.cast(scores, tf.float32)), BF16)))
+  def test_softmax_backward_reads_the_bfloat16_probabilities(self, softmax):
     rng = np.random.RandomState(0)
     with tf.Graph().as_default() as graph:
       scores32 = tf.constant(rng.randn(4, 6, 6), tf.float32)
       values32 = tf.constant(rng.randn(4, 6, 3), tf.float32)
       scores = tf.cast(scores32, BF16)
       with eb.autocast('bfloat16'):
-        probabilities = tf.nn.softmax(scores)
+        probabilities = softmax(scores)
         out = tf.matmul(probabilities, tf.cast(values32, BF16))
         grad = tf.gradients(tf.reduce_sum(out * out), scores)[0]
       self.assertEqual(probabilities.dtype, BF16)
-      softmax = _ops(graph, 'Softmax')[0]
+      softmax_op = _ops(graph, 'Softmax')[0]
+      self.assertEqual(tf.float32, softmax_op.outputs[0].dtype)
       # The float32 result feeds only its rounding: nothing in the backward
       # pass keeps a float32 copy of the probabilities alive.
-      self.assertEqual([op.type for op in softmax.outputs[0].consumers()],
+      self.assertEqual([op.type for op in softmax_op.outputs[0].consumers()],
                        ['Cast'])
+      # The backward pass's float32 copy of the rounding is made once the
+      # incoming gradient exists, not during the forward pass.
+      (rounding,) = softmax_op.outputs[0].consumers()
+      (copy,) = [op for op in rounding.outputs[0].consumers()
+                 if op.type == 'Cast' and op.name.startswith('gradients')]
+      self.assertNotEmpty(copy.control_inputs)
       reference = tf.gradients(tf.reduce_sum(tf.square(tf.matmul(
           tf.nn.softmax(tf.cast(scores, tf.float32)), values32))), scores32)[0]
       with self.cached_session() as sess:
