@@ -12,6 +12,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.models import bert
 from estimator_bf16.models import bert_input
+from estimator_bf16.models import bert_layers
 
 _PRECISIONS = (
     dict(testcase_name='float32', precision='float32'),
@@ -85,6 +86,78 @@ class BertConfigTest(parameterized.TestCase):
   def test_heads_must_divide_hidden(self):
     with self.assertRaisesRegex(ValueError, 'multiple of num_attention_heads'):
       bert.BertConfig(hidden_size=100, num_attention_heads=3)
+
+
+class LayerNormTest(tf.test.TestCase, parameterized.TestCase):
+  """bert_layers.layer_norm: float32 math, a written-out gradient."""
+
+  def _gradients(self, layer, dtype, rng_values):
+    """(forward output, [d inputs, d gamma, d beta], float32 tensors kept).
+
+    `layer(inputs, gamma, beta)` is built in a new graph on bfloat16-exact
+    inputs (so both dtypes hold the same values) with the given gamma and
+    beta, under a loss weighting every output element.
+    """
+    x, gamma_value, beta_value, weights = rng_values
+    with tf.Graph().as_default() as graph:
+      exact = tf.cast(tf.cast(x, tf.bfloat16), tf.float32)
+      inputs = tf.identity(tf.cast(exact, dtype), name='inputs')
+      output = layer(inputs)
+      with tf.compat.v1.variable_scope('LayerNorm', reuse=True):
+        gamma = tf.compat.v1.get_variable('gamma')
+        beta = tf.compat.v1.get_variable('beta')
+      loss = tf.reduce_sum(tf.cast(output, tf.float32) * weights)
+      grads = tf.gradients(loss, [inputs, gamma, beta])
+      # Tensors of the input's size that the backward pass reads from the
+      # forward pass (constants aside).
+      kept = {t.name for op in graph.get_operations()
+              if op.name.startswith('gradients/LayerNorm/') and
+              op.type != 'ZerosLike'  # of unused outputs: never run
+              for t in op.inputs
+              if not t.op.name.startswith('gradients') and
+              t.op.type != 'Const' and t.shape == inputs.shape}
+      with self.session(graph=graph) as sess:
+        sess.run([gamma.assign(gamma_value), beta.assign(beta_value)])
+        values = sess.run([tf.cast(t, tf.float32)
+                           for t in [output] + grads])
+    return values[0], values[1:], kept
+
+  @parameterized.named_parameters(
+      # float32: the same math in another order; bfloat16: the input
+      # gradient is rounded to bfloat16 in both, so within a bfloat16 step
+      # of its largest value.
+      ('float32', tf.float32, 1e-5),
+      ('bfloat16', tf.bfloat16, 2.0**-7))
+  def test_gradient_matches_the_derived_one_without_float32_copies(
+      self, dtype, tolerance):
+    rng = np.random.RandomState(0)
+    rng_values = (rng.randn(3, 5, 16).astype(np.float32) * 3 + 1,
+                  rng.randn(16) + 1.0, rng.randn(16),
+                  rng.randn(3, 5, 16).astype(np.float32))
+
+    def derived(inputs):
+      # The same float32 math, differentiated by TensorFlow op by op.
+      with tf.compat.v1.variable_scope('LayerNorm'):
+        gamma = tf.compat.v1.get_variable('gamma', [16])
+        beta = tf.compat.v1.get_variable('beta', [16])
+        values = tf.cast(inputs, tf.float32)
+        mean, variance = tf.nn.moments(values, axes=[-1], keepdims=True)
+        return tf.cast((values - mean) * tf.math.rsqrt(variance + 1e-12) *
+                       gamma + beta, inputs.dtype)
+
+    output, got, kept = self._gradients(bert_layers.layer_norm, dtype,
+                                        rng_values)
+    reference, want, derived_kept = self._gradients(derived, dtype,
+                                                    rng_values)
+    # The forward math is the same; grappler may fuse it differently.
+    self.assertAllClose(reference, output, rtol=1e-6, atol=1e-6)
+    for name, a, b in zip(('inputs', 'gamma', 'beta'), got, want):
+      self.assertAllClose(a, b, atol=tolerance * np.abs(b).max(), rtol=0,
+                          msg=name)
+    # At the input's size the backward pass keeps the input alone (2 bytes
+    # an element in bfloat16); the derived gradient keeps float32 copies.
+    self.assertEqual({'inputs:0'}, kept)
+    self.assertGreater(len(derived_kept), 1)
 
 
 class BertTest(tf.test.TestCase, parameterized.TestCase):

@@ -60,6 +60,14 @@ def layer_norm(inputs, epsilon=1e-12, name='LayerNorm'):
   BERT's epsilon of 1e-12 is below bfloat16's resolution next to 1, so the
   whole normalisation runs in float32 and only the result is cast back.
 
+  The gradient is written out (`_normalize`) rather than derived op by op:
+  TensorFlow's derived gradient keeps `x - mean` and the normalised values,
+  two float32 tensors of the input's size, from the forward pass until the
+  backward pass reaches this layer. Here the backward pass keeps only the
+  input, in its own dtype (half the bytes in bfloat16), and the per-row mean
+  and inverse deviation, and recomputes the normalised values from them;
+  in float32 and bfloat16 alike, with the same values as the derived one.
+
   Args:
     inputs: [..., D] float32 or bfloat16.
     epsilon: added to the variance.
@@ -76,10 +84,40 @@ def layer_norm(inputs, epsilon=1e-12, name='LayerNorm'):
     beta = tf.compat.v1.get_variable(
         'beta', [depth], dtype=tf.float32,
         initializer=tf.compat.v1.zeros_initializer())
-  values = tf.cast(inputs, tf.float32)
-  mean, variance = tf.nn.moments(values, axes=[-1], keepdims=True)
-  normed = (values - mean) * tf.math.rsqrt(variance + epsilon)
-  return tf.cast(normed * gamma + beta, inputs.dtype)
+    return _normalize(inputs, tf.convert_to_tensor(gamma),
+                      tf.convert_to_tensor(beta), epsilon)
+
+
+def _normalize(inputs, gamma, beta, epsilon):
+  """`layer_norm`'s computation: float32 inside, the input's dtype outside."""
+
+  @tf.custom_gradient
+  def normalize(x, gamma, beta):
+    values = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(values, axes=[-1], keepdims=True)
+    inverse = tf.math.rsqrt(variance + epsilon)
+    output = tf.cast((values - mean) * inverse * gamma + beta, x.dtype)
+
+    def gradient(d_output):
+      # Recomputed after the incoming gradient exists: made any earlier (it
+      # depends on forward tensors only), the float32 copy would be held
+      # from the forward pass on, which is what this gradient avoids.
+      with tf.control_dependencies([d_output]):
+        normed = (tf.cast(x, tf.float32) - mean) * inverse
+      d_normed = tf.cast(d_output, tf.float32)
+      rows = list(range(d_normed.shape.ndims - 1))
+      d_gamma = tf.reduce_sum(d_normed * normed, rows)
+      d_beta = tf.reduce_sum(d_normed, rows)
+      d_normed *= gamma
+      # d/dx of (x - mean) * rsqrt(variance + epsilon), for each row.
+      d_x = inverse * (
+          d_normed - tf.reduce_mean(d_normed, -1, keepdims=True) -
+          normed * tf.reduce_mean(d_normed * normed, -1, keepdims=True))
+      return tf.cast(d_x, x.dtype), d_gamma, d_beta
+
+    return output, gradient
+
+  return normalize(inputs, gamma, beta)
 
 
 def dropout(inputs, rate, is_training):
