@@ -233,6 +233,11 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     return result
   if op_type == 'Cast':
     return _remember_rounding(op_type, name, keywords)
+  if op_type in op_lists.FLOAT32_RANDOM_OPS:
+    return _float32_random(op_type, name, keywords)
+  if op_type in op_lists.COMPARISON_OPS:
+    _compare_float32_originals(op_def, keywords)
+    return _ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
   # A bfloat16 tensor fed to an argument whose type is fixed to float32 (e.g.
   # in_top_k's predictions) can only be meant as float32.
   _cast_fixed_type_args(op_def, keywords)
@@ -473,6 +478,49 @@ def _reads_trainable_variable(value):
       return False
     value = op.inputs[0]
   return False
+
+
+# ---------------------------------------------------------------------------
+# Random numbers and comparisons: drawn and compared in float32.
+
+
+def _float32_random(op_type, name, keywords):
+  """A bfloat16 uniform draw made in float32 and rounded (see op_lists).
+
+  The rounding is remembered as such: a comparison reading it (dropout's
+  `uniform >= rate`) compares the float32 draw, and the rounding itself,
+  then read by nothing, never runs.
+  """
+  half = keywords.get('dtype')
+  if half is None or tf.as_dtype(half) not in casting.HALF_DTYPES:
+    return _ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+  keywords['dtype'] = tf.float32
+  structure, stateful, op, outputs = _ORIGINAL_APPLY_OP(
+      op_type, name=name, **keywords)
+  rounded = tf.cast(outputs[0], half, name=op.name.split('/')[-1] + '_' +
+                    tf.as_dtype(half).name)
+  casting.remember_float32_original(rounded, outputs[0])
+  return structure, stateful, op, [rounded]
+
+
+def _compare_float32_originals(op_def, keywords):
+  """Makes a comparison of a remembered rounding compare in float32.
+
+  The rounding is replaced by its float32 original, other 16-bit inputs
+  are cast to float32 (exactly), and Python numbers are left to become
+  float32 constants, unrounded. Comparisons without such an input are left
+  as they are.
+  """
+  for slots in _slots(op_def, keywords).values():
+    values = [(slot, _get(keywords, slot)) for slot in slots]
+    originals = [casting.float32_original(value) for _, value in values]
+    if all(original is None for original in originals):
+      continue
+    for (slot, value), original in zip(values, originals):
+      if original is not None:
+        _set(keywords, slot, original)
+      elif _dtype(value) in casting.HALF_DTYPES:
+        _set(keywords, slot, _cast(value, tf.float32))
 
 
 # ---------------------------------------------------------------------------

@@ -17,6 +17,15 @@ internal callers all create the same `Softmax` op.
   (predictions, export outputs) carry it, not its bfloat16 rounding.
 * `FOLLOW_BFLOAT16_OPS`: batch norm reads its `x` in bfloat16 when that `x`
   is only a float32 copy of a bfloat16 tensor (what a Keras layer makes).
+* `FLOAT32_RANDOM_OPS`: uniform random numbers asked for in bfloat16 are
+  drawn in float32 and rounded. bfloat16 holds only 128 values in [0, 1),
+  so `tf.nn.dropout` in bfloat16 keeps 0.8983 of its inputs at rate 0.1 and
+  shrinks their mean by 0.34%; the float32 draw is also cheaper on CPUs.
+* `COMPARISON_OPS`: a comparison that reads such a rounding (or any other
+  that autocast remembers, e.g. softmax outputs) compares the float32
+  original, so dropout's `uniform >= rate` keeps exactly 1 - rate. (Its
+  scale 1 / (1 - rate) is still a bfloat16 constant, as the model asked:
+  1.109375 for 1 / 0.9, a mean 0.16% low at rate 0.1, exact at 0.2 or 0.5.)
 
 Every other op follows its inputs: if float32 meets bfloat16, the op computes
 in bfloat16 (a variable's dtype wins for assignments).
@@ -43,4 +52,12 @@ FLOAT32_KEEP_DTYPE_OPS = frozenset(['Softmax', 'LogSoftmax'])
 
 FOLLOW_BFLOAT16_OPS = frozenset([
     'FusedBatchNorm', 'FusedBatchNormV2', 'FusedBatchNormV3',
+])
+
+FLOAT32_RANDOM_OPS = frozenset([
+    'RandomUniform', 'StatelessRandomUniform', 'StatelessRandomUniformV2',
+])
+
+COMPARISON_OPS = frozenset([
+    'Greater', 'GreaterEqual', 'Less', 'LessEqual',
 ])

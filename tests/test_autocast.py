@@ -272,6 +272,49 @@ class BackwardMemoryTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(got, want, atol=0.05 * np.abs(want).max())
 
 
+class RandomNumbersTest(tf.test.TestCase, parameterized.TestCase):
+  """bfloat16 uniforms are drawn in float32; comparisons use the draw."""
+
+  @parameterized.named_parameters(('rate_0_1', 0.1), ('rate_0_3', 0.3))
+  def test_dropout_keeps_one_minus_rate(self, rate):
+    size = 4096 * 1024
+    # Four standard deviations of the kept share of `size` draws.
+    bound = 4 * np.sqrt(rate * (1 - rate) / size)
+    kept = {}
+    for use_autocast in (False, True):
+      with tf.Graph().as_default() as graph:
+        tf.compat.v1.set_random_seed(3)
+        x = _activation(np.ones([4096, 1024]))
+        if use_autocast:
+          with eb.autocast('bfloat16'):
+            y = tf.nn.dropout(x, rate=rate)
+          self.assertEqual(y.dtype, BF16)
+          self.assertEqual([tf.float32], [
+              op.get_attr('dtype') for op in _ops(graph, 'RandomUniform')])
+          self.assertEqual([tf.float32], _t_dtypes(graph, 'GreaterEqual'))
+        else:
+          y = tf.nn.dropout(x, rate=rate)
+        with self.session(graph=graph) as sess:
+          kept[use_autocast] = sess.run(tf.reduce_mean(
+              tf.cast(tf.not_equal(y, 0), tf.float32)))
+    self.assertNear(kept[True], 1 - rate, bound)
+    # TensorFlow alone draws from 128 bfloat16 values: its keep rate is off
+    # by far more than the sampling noise.
+    self.assertGreater(abs(kept[False] - (1 - rate)), 3 * bound)
+
+  def test_uniform_used_as_a_value_stays_bfloat16(self):
+    with tf.Graph().as_default():
+      with eb.autocast('bfloat16'):
+        noise = tf.random.uniform([1000], dtype=BF16)
+        scaled = noise * _activation(np.full([1000], 2.0))
+      self.assertEqual(noise.dtype, BF16)
+      self.assertEqual(scaled.dtype, BF16)
+      with self.cached_session() as sess:
+        values = sess.run(tf.cast(noise, tf.float32))
+    self.assertTrue(np.all((values >= 0) & (values <= 1)))
+    self.assertGreater(len(np.unique(values)), 50)
+
+
 class SecondThreadTest(tf.test.TestCase):
 
   def test_other_thread_building_meanwhile_is_untouched(self):
