@@ -95,8 +95,44 @@ class AdamWeightDecayOptimizer(dense_update.DenseUpdateOptimizer):
                          tf.float32)
 
   def _update(self, grad, var):
-    """Builds the update of `var` (ref or resource) from a dense gradient."""
+    """Builds the update of `var` (ref or resource) from a dense gradient.
+
+    A float32 variable is updated by TensorFlow's fused Adam kernel, one
+    pass over the variable and its slots instead of a dozen elementwise
+    ops (BERT-mini's word table: 6-8 ms instead of 17-22 ms a step here).
+    With both `beta_power` inputs at 0 its step size is the learning rate
+    itself, which is BERT's Adam without bias correction; the decoupled
+    decay, which does not depend on m or v, is applied just before it:
+    `var * (1 - lr * rate) - lr * m / (sqrt(v) + epsilon)` is the rule in
+    the module docstring. Other variable dtypes use the same rule in
+    float32 math, op by op.
+    """
     grad = tf.cast(grad, tf.float32)
+    if var.dtype.base_dtype != tf.float32:
+      return self._update_op_by_op(grad, var)
+    m = self.get_slot(var, 'm')
+    v = self.get_slot(var, 'v')
+    decayed = []
+    if self.decays(var.op.name):
+      with dense_update.after(grad):
+        decayed.append(tf.compat.v1.assign(
+            var, tf.identity(var) * (1.0 - self._lr_t *
+                                     self._weight_decay_rate),
+            use_locking=self._use_locking))
+    scalar = lambda value: tf.constant(value, tf.float32)
+    arguments = dict(
+        m=m, v=v, beta1_power=scalar(0.0), beta2_power=scalar(0.0),
+        lr=self._lr_t, beta1=scalar(self._beta1), beta2=scalar(self._beta2),
+        epsilon=scalar(self._epsilon), grad=grad,
+        use_locking=self._use_locking)
+    with tf.control_dependencies(decayed):
+      if isinstance(var, tf.Variable) and hasattr(var, 'handle'):
+        arguments.update(var=var.handle, m=m.handle, v=v.handle)
+        return tf.raw_ops.ResourceApplyAdam(**arguments)
+      return tf.raw_ops.ApplyAdam(var=var, **arguments).op
+
+  def _update_op_by_op(self, grad, var):
+    """The update rule in float32 math, for a variable of another dtype."""
     m = self.get_slot(var, 'm')
     v = self.get_slot(var, 'v')
     with dense_update.after(grad):

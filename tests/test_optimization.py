@@ -31,7 +31,13 @@ _RATES = {'sgd': 0.1, 'momentum': 0.05, 'adam': 0.01, 'adamw': 0.01,
 
 def _numpy_adamw(value, grads, lr, decay_rate, decays, beta1=0.9,
                  beta2=0.999, epsilon=1e-6):
-  """Reference AdamW without bias correction, in float64 numpy."""
+  """Reference AdamW without bias correction, in float64 numpy.
+
+  The hyper-parameters are taken as float32 holds them, as the graph does:
+  float32(0.999) is 0.99900001, so 1 - beta2 is 1.3e-5 below 0.001.
+  """
+  beta1, beta2, epsilon = (float(np.float32(x))
+                           for x in (beta1, beta2, epsilon))
   value = np.array(value, np.float64)
   m = np.zeros_like(value)
   v = np.zeros_like(value)
@@ -174,8 +180,11 @@ class UpdateOrderTest(tf.test.TestCase, parameterized.TestCase):
       var = tf.compat.v1.get_variable('w', [6, 4], use_resource=use_resource)
       grad = tf.identity(tf.compat.v1.placeholder(tf.float32, [6, 4]),
                          name='the_gradient')
+      # With weight decay, AdamW scales the variable before its fused
+      # update kernel (which reads its inputs when it runs).
       optimizer = optimizers.create_optimizer(
-          name, _RATES[name], adafactor_options=options or None)
+          name, _RATES[name], adafactor_options=options or None,
+          weight_decay_rate=0.01 if name == 'adamw' else 0.0)
       before = set(graph.get_operations())
       train = optimizer.apply_gradients([(grad, var)])
       step_ops = _ancestors(train) - before
