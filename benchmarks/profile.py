@@ -2,7 +2,7 @@ r"""Where a training step's time goes: float32, ours and TensorFlow's rewrite.
 
     python -m benchmarks.profile --model=bert_mini_seq128 --out=prof.json
 
-Builds one benchmark model (`configs.quick_config()` names) in each
+Builds one benchmark model (a `configs.find_model` name) in each
 variant, runs a few steps in sessions with TensorFlow's default options,
 then traces one step per variant (`FULL_TRACE`, with the partition graphs
 that ran, after grappler's rewrites and fusions) and sorts every executed
@@ -184,14 +184,14 @@ def table(name, results):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--model', action='append', required=True,
-                      help='A model name of the quick config; repeatable.')
+                      help='A benchmark model name (benchmarks.configs.'
+                      'find_model), e.g. bert_mini_seq128; repeatable.')
   parser.add_argument('--out', help='JSON file to write.')
   args = parser.parse_args()
   tf.get_logger().setLevel('ERROR')
-  config = configs.quick_config()
   everything = {}
   for name in args.model:
-    everything[name] = profile_model(config.model(name))
+    everything[name] = profile_model(configs.find_model(name))
     print('\n'.join(table(name, everything[name])) + '\n', flush=True)
   if args.out:
     with open(args.out, 'w') as out:

@@ -129,7 +129,8 @@ def comparison_table(results):
   lines = [
       '| model | batch | bf16 FLOP share (ours) | examples/s fp32 / ours / '
       'TF rewrite | throughput ours/fp32 | TF rewrite/fp32 | **ours/TF '
-      'rewrite** | peak step MiB fp32 / ours / TF rewrite | memory ours/fp32 '
+      'rewrite** | peak step MiB (live tensors) fp32 / ours / TF rewrite | '
+      'memory ours/fp32 '
       '| TF rewrite/fp32 | **ours/TF rewrite** | ours/Keras mixed_bfloat16 '
       '(throughput, memory) |',
       '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
@@ -137,7 +138,7 @@ def comparison_table(results):
     r = model['ratios']
     rates = ' / '.join(_fmt(model[v].get('examples_per_sec'), '%.1f')
                        for v, _ in _VARIANT_LABELS)
-    peaks = ' / '.join('%.0f' % (model[v]['peak_step_bytes'] / MiB)
+    peaks = ' / '.join('%.0f' % (model[v]['peak_tensor_bytes'] / MiB)
                        for v, _ in _VARIANT_LABELS)
     versus_keras = 'no Keras version'
     if keras.get('model') == name:
@@ -178,9 +179,13 @@ def readme_block(results):
   lines += [''] + _env_lines(env)
   lines += _notes(results)
   lines += [''] + comparison_table(results) + [''] + _targets_table(results)
-  lines += ['', 'Ratios come from interleaved timing windows on a shared '
-            'machine; absolute examples/sec are not comparable between '
-            'runs. Wall time %.0f s.' % results['seconds']['total']]
+  lines += ['', 'Memory is the training step\'s peak of live tensor bytes, '
+            'variables included (the CPU allocator\'s peak, which also '
+            'counts the slack of its chunks and moves by several MiB '
+            'between sessions, is in results.md). Ratios come from '
+            'interleaved timing windows on a shared machine; absolute '
+            'examples/sec are not comparable between runs. Wall time %.0f '
+            's.' % results['seconds']['total']]
   return '\n'.join(lines) + '\n'
 
 
@@ -221,10 +226,11 @@ def _env_lines(env):
 def _model_table(results):
   """Per model and variant: memory, speed, the planner, what ran."""
   lines = [
-      '| model | variant | batch | peak step MiB | persistent MiB | '
-      'examples/s | casts run per step (MiB written) | max batch in budget '
-      '[first failing] | planner: TPU v2 / v3 core batch, own optimizer '
-      '(Adafactor) |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+      '| model | variant | batch | peak step MiB: live tensors | allocator '
+      '(each round) | persistent MiB | examples/s | casts run per step (MiB '
+      'written) | max batch in budget [first failing] | planner: TPU v2 / '
+      'v3 core batch, own optimizer (Adafactor) |',
+      '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|']
   for name, model in results.get('models', {}).items():
     for variant, label in _VARIANT_LABELS:
       row = model[variant]
@@ -242,9 +248,14 @@ def _model_table(results):
                     row['planner']['tpu_max_batch_per_core_adafactor'])
         planned = '%d / %d (%d / %d)' % (tpu['v2'], tpu['v3'], ada['v2'],
                                          ada['v3'])
-      lines.append('| %s | %s | %d | %.1f | %.1f | %s | %s (%.1f) | %s | %s |'
+      rounds = row['memory'].get('peak_step_bytes_runs') or [
+          row['peak_step_bytes']]
+      lines.append('| %s | %s | %d | %.1f | %.1f (%s) | %.1f | %s | %s '
+                   '(%.1f) | %s | %s |'
                    % (name, label, model['spec']['batch_size'],
+                      row['peak_tensor_bytes'] / MiB,
                       row['peak_step_bytes'] / MiB,
+                      ', '.join('%.0f' % (b / MiB) for b in rounds),
                       row['memory']['persistent_bytes'] / MiB,
                       _fmt(row.get('examples_per_sec'), '%.1f'),
                       executed.get('casts', 'n/a'),

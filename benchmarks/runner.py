@@ -49,7 +49,8 @@ def measure_model(spec, config, cpu_upcast):
   The variants (`VARIANTS`): float32; ours (`eb.wrap_model_fn` and
   `eb.wrap_input_fn` in bfloat16); TensorFlow's oneDNN bfloat16 rewrite on
   the float32 graph (a session option, no code change). Memory is measured
-  for each alone; all three are then timed in interleaved windows.
+  for each alone, in `config.memory_rounds` rounds (see `memory_rounds`);
+  all three are then timed in interleaved windows.
 
   Args:
     spec: a `configs.ModelSpec`.
@@ -64,23 +65,32 @@ def measure_model(spec, config, cpu_upcast):
   """
   result = {'spec': dataclasses.asdict(spec),
             'budget_bytes': spec.budget_mib * MiB}
-  steps = {}
+  steps = {precision: graphs.build_train_step(spec, precision,
+                                              spec.batch_size)
+           for precision in PRECISIONS}
+  memory = memory_rounds(steps, config.memory_rounds)
+  for variant in VARIANTS:
+    logging.info('%s %s at batch %d: live tensors peak %.1f MiB; allocator '
+                 'peak %.1f MiB (median of %s)', spec.name, variant,
+                 spec.batch_size,
+                 memory[variant]['peak_tensor_bytes'] / MiB,
+                 memory[variant]['peak_step_bytes'] / MiB,
+                 ', '.join('%.1f' % (b / MiB) for b in
+                           memory[variant]['peak_step_bytes_runs']))
   for precision in PRECISIONS:
     # float32 first: bfloat16 is also measured at float32's largest batch.
-    row, steps[precision], at_fp32 = _measure_precision(
-        spec, precision, config, cpu_upcast,
+    row, at_fp32 = _measure_precision(
+        spec, precision, config, cpu_upcast, steps[precision],
+        memory[precision],
         result['float32']['max_batch'] if precision == 'bfloat16' else 0)
     result[precision] = row
     if at_fp32:
       result['bfloat16_at_float32_max_batch'] = at_fp32
-  # The rewrite runs on the float32 graph itself.
-  rewrite = step_memory.measure_step_memory(steps['float32'],
-                                       graphs.onednn_rewrite_config())
-  logging.info('%s %s: peak %.1f MiB at batch %d', spec.name, REWRITE,
-               rewrite['peak_step_bytes'] / MiB, spec.batch_size)
+  rewrite = memory[REWRITE]
   # Whether the pass changed anything: it inserts casts into the graph it
   # runs, and inserts none on a CPU where TensorFlow does not enable it.
   result[REWRITE] = {'peak_step_bytes': rewrite['peak_step_bytes'],
+                     'peak_tensor_bytes': rewrite['peak_tensor_bytes'],
                      'memory': rewrite,
                      'applied': rewrite['executed']['casts'] > 0}
   rates = _throughput(spec, config, steps)
@@ -93,12 +103,20 @@ def measure_model(spec, config, cpu_upcast):
   fp32, bf16 = result['float32'], result['bfloat16']
   at_fp32 = result.get('bfloat16_at_float32_max_batch') or {}
   fp32_at_max = (fp32['max_batch_search'] or {}).get('at_max_batch') or {}
-  peak = lambda variant: result[variant]['peak_step_bytes']
+  # The memory ratios compare live tensors (`step_memory.live_tensor_peak`);
+  # the allocator's, which also count its chunking, are kept beside them.
+  peak = lambda variant: result[variant]['peak_tensor_bytes']
+  allocator = lambda variant: result[variant]['peak_step_bytes']
   transient = lambda variant: result[variant]['memory']['transient_bytes']
   result['ratios'] = {
       'memory': _ratio(peak('bfloat16'), peak('float32')),
       'rewrite_memory': _ratio(peak(REWRITE), peak('float32')),
       'memory_vs_rewrite': _ratio(peak('bfloat16'), peak(REWRITE)),
+      'allocator_memory': _ratio(allocator('bfloat16'), allocator('float32')),
+      'allocator_rewrite_memory': _ratio(allocator(REWRITE),
+                                         allocator('float32')),
+      'allocator_memory_vs_rewrite': _ratio(allocator('bfloat16'),
+                                            allocator(REWRITE)),
       'transient_memory': _ratio(transient('bfloat16'),
                                  transient('float32')),
       'rewrite_transient_memory': _ratio(transient(REWRITE),
@@ -119,26 +137,67 @@ def measure_model(spec, config, cpu_upcast):
   return result
 
 
-def _measure_precision(spec, precision, config, cpu_upcast,
+def memory_rounds(steps, rounds):
+  """Peak step memory of every variant, the median of `rounds` measurements.
+
+  The live-tensor peak of a step is the same in every measurement. The
+  allocator's is not: one process-wide CPU allocator serves every session,
+  and how it splits its free chunks (it hands out a whole chunk up to
+  twice the request) depends on what earlier sessions left, so the same
+  step peaks several MiB apart after different ones. The variants are
+  therefore measured in rounds, in alternating order (A B C, C B A, ...),
+  and each keeps the measurement with its median allocator peak; every
+  allocator peak is kept in 'peak_step_bytes_runs'.
+
+  Args:
+    steps: {precision: `graphs.TrainStep`}; the rewrite runs the float32
+      step in a session with `graphs.onednn_rewrite_config()`.
+    rounds: measurements per variant (>= 1).
+
+  Returns:
+    {variant: the `step_memory.measure_step_memory` dict of its median
+    peak, plus 'peak_step_bytes_runs'}.
+  """
+  runs = {variant: [] for variant in VARIANTS}
+  for index in range(rounds):
+    for variant in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:
+      runs[variant].append(step_memory.measure_step_memory(
+          steps['float32' if variant == REWRITE else variant],
+          graphs.onednn_rewrite_config() if variant == REWRITE else None))
+  chosen = {}
+  for variant, measured in runs.items():
+    ordered = sorted(measured, key=lambda m: m['peak_step_bytes'])
+    chosen[variant] = dict(ordered[(len(ordered) - 1) // 2])
+    chosen[variant]['peak_step_bytes_runs'] = [
+        m['peak_step_bytes'] for m in measured]
+  return chosen
+
+
+def _measure_precision(spec, precision, config, cpu_upcast, step, measured,
                        float32_max_batch):
-  """Plans, peak at the benchmark batch, and largest batch in the budget.
+  """Plans, the measured peak at the benchmark batch, the largest batch.
 
   The largest-batch search runs only with `config.max_search_measurements`
   (it runs steps at about the largest batch, the costliest part of all).
 
+  Args:
+    spec: the `configs.ModelSpec`.
+    precision: 'float32' or 'bfloat16'.
+    config: the `configs.BenchmarkConfig`.
+    cpu_upcast: see `measure_model`.
+    step: the benchmark-batch `graphs.TrainStep` of this precision.
+    measured: its memory, from `memory_rounds`.
+    float32_max_batch: float32's largest batch, to measure bfloat16 there
+      too; 0 for none.
+
   Returns:
-    (row for results.json, the benchmark-batch `TrainStep`, the measurement
-    at `float32_max_batch` or None).
+    (row for results.json, the measurement at `float32_max_batch` or None).
   """
   budget = spec.budget_mib * MiB
   plans = {optimizer: planning.plan_model(spec, precision, optimizer)
            for optimizer in (spec.optimizer, 'adafactor')}
   plan = plans[spec.optimizer]
   build = lambda batch: graphs.build_train_step(spec, precision, batch)
-  step = build(spec.batch_size)
-  measured = step_memory.measure_step_memory(step)
-  logging.info('%s %s: peak %.1f MiB at batch %d', spec.name, precision,
-               measured['peak_step_bytes'] / MiB, spec.batch_size)
   search, at_fp32 = None, None
   if config.max_search_measurements:
     known = [measured]
@@ -162,14 +221,15 @@ def _measure_precision(spec, precision, config, cpu_upcast,
   planned['slot_bytes_adafactor'] = plans['adafactor'].slot_bytes
   planned.update(planning.validate(
       plan, cpu_upcast,
-      ('at_batch', spec.batch_size, measured['peak_step_bytes']),
+      ('at_batch', spec.batch_size, measured['peak_tensor_bytes']),
       ('at_max_batch', search and search['max_batch'],
-       search and search['peak_at_max_batch'])))
+       search and search['tensor_peak_at_max_batch'])))
   row = {'peak_step_bytes': measured['peak_step_bytes'],
+         'peak_tensor_bytes': measured['peak_tensor_bytes'],
          'max_batch': search and search['max_batch'], 'memory': measured,
          'max_batch_search': search, 'planner': planned,
          'graph': _graph_row(step.report)}
-  return row, step, at_fp32
+  return row, at_fp32
 
 
 def _throughput(spec, config, steps):
