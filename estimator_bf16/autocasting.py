@@ -326,13 +326,40 @@ def _cast(value, dtype):
   cached = _STATE.casts.get(key)
   if cached is not None and cached.graph is graph:
     return cached
-  cast = tf.cast(value, dtype, name='autocast_' + dtype.name)
+  cast = None
+  if dtype == tf.bfloat16:
+    cast = _rearranged_bfloat16_source(value)
+  if cast is None:
+    cast = tf.cast(value, dtype, name='autocast_' + dtype.name)
   # A cast made under control dependencies carries them; reusing it
   # elsewhere could order ops in a cycle, so only plain casts are kept.
   if not graph._control_dependencies_stack:
     _STATE.casts[key] = cast
   # pylint: enable=protected-access
   return cast
+
+
+def _rearranged_bfloat16_source(value, depth=4):
+  """A rearranged float32 copy of a bfloat16 tensor, rebuilt in bfloat16.
+
+  Keras layers cast their bfloat16 inputs to float32 and `Flatten` then
+  reshapes the copy; a matmul that wants bfloat16 gets the same reshape of
+  the bfloat16 original instead of a rounding of the float32 copy (same
+  values), and the float32 copy, read by nothing else, never runs.
+
+  Returns:
+    The bfloat16 tensor, or None if `value` is not such a copy.
+  """
+  if depth == 0 or not isinstance(value, tf.Tensor):
+    return None
+  rebuild = casting.REARRANGING.get(value.op.type)
+  if rebuild is None:
+    return None
+  inner = value.op.inputs[0]
+  source = autocast_gradients.bfloat16_source(inner)
+  if source is None:
+    source = _rearranged_bfloat16_source(inner, depth - 1)
+  return None if source is None else rebuild(value.op, source)
 
 
 def _cast_half_inputs(op_def, keywords, dtype):

@@ -166,6 +166,39 @@ class VariableStorageTest(tf.test.TestCase):
       tf.compat.v1.keras.layers.enable_v2_dtype_behavior()
 
 
+class RearrangedCopiesTest(tf.test.TestCase, parameterized.TestCase):
+  """A rearranged float32 copy of a bfloat16 tensor is not rounded again."""
+
+  @parameterized.named_parameters(
+      ('keras_flatten', lambda x: tf.keras.layers.Flatten()(x)),
+      ('reshape_of_cast', lambda x: tf.reshape(tf.cast(x, tf.float32),
+                                               [4, -1])),
+      ('transpose_of_reshape_of_cast', lambda x: tf.transpose(tf.reshape(
+          tf.cast(x, tf.float32), [-1, 4]))))
+  def test_matmul_reads_the_bfloat16_original(self, flatten):
+    rng = np.random.RandomState(0)
+    with tf.Graph().as_default() as graph:
+      images = _activation(rng.randn(4, 3, 3, 2))
+      with eb.autocast('bfloat16'):
+        flat = flatten(images)
+        kernel = tf.compat.v1.get_variable('kernel', [18, 5])
+        out = tf.matmul(flat, kernel)
+      self.assertEqual(flat.dtype, tf.float32)  # what the code asked for
+      self.assertEqual(out.dtype, BF16)
+      (matmul,) = _ops(graph, 'MatMul')
+      # The matmul's input is the same rearrangement of the bfloat16
+      # tensor: nothing rounds the float32 copy back to bfloat16, and the
+      # copy, read by nothing else, never runs.
+      self.assertEqual(matmul.inputs[0].dtype, BF16)
+      self.assertEqual(matmul.inputs[0].op.type, flat.op.type)
+      self.assertEmpty(flat.consumers())
+      with self.cached_session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        got, want = sess.run([tf.cast(out, tf.float32), tf.matmul(
+            tf.cast(tf.cast(flat, BF16), tf.float32), kernel)])
+    self.assertAllClose(got, want, rtol=2**-7, atol=2**-7 * np.abs(want).max())
+
+
 def _probabilities_model_fn(features, labels, mode):
   """A tiny classifier returning softmax probabilities as predictions."""
   del labels
