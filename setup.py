@@ -3,7 +3,9 @@
 Only the `estimator_bf16` package is installed (so no top-level name collides
 with a user's own `models` or `scripts`); the reference models, the training
 CLI and the TPU submission program live under it. `benchmarks/`, `scripts/`
-and `tests/` are for working in the repository and are not installed.
+and `tests/` are for working in the repository, and `models/` holds example
+user programs to run with `python -m estimator_bf16 run`; none of them is
+installed.
 """
 
 import setuptools

@@ -27,6 +27,7 @@ from estimator_bf16 import cli
 from estimator_bf16 import run_report
 from estimator_bf16 import runner
 from estimator_bf16 import tpu_resolver
+from estimator_bf16.models import digits
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PROGRAM = os.path.join('tests', 'legacy_tpu_main.py')
@@ -82,6 +83,43 @@ def _op_dtypes(model_dir, op_types):
       found.setdefault(node.op, set()).add(
           tf.as_dtype(node.attr['T'].type).name)
   return found
+
+
+@pytest.mark.slow
+class ExampleProgramTest(tf.test.TestCase):
+  """models/mnist_tpu.py, the repository's example user program."""
+
+  def setUp(self):
+    super().setUp()
+    self.data_dir = os.path.join(self.get_temp_dir(), 'digits')
+    digits.write_digits(self.data_dir)
+    self.args = ['models/mnist_tpu.py', '--use_tpu=false',
+                 '--data_dir=' + self.data_dir, '--train_steps=40',
+                 '--iterations=20', '--batch_size=64']
+
+  def test_runs_in_bfloat16_through_the_runner(self):
+    model_dir = os.path.join(self.get_temp_dir(), 'bf16')
+    proc = _cli('run', *self.args, '--model_dir=' + model_dir)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn('eval accuracy', proc.stdout)
+    self.assertIn('bfloat16 share of matmul/conv FLOPs: 100.0%', proc.stderr)
+    self.assertIn('audit: no problems', proc.stderr)
+    self.assertEqual({'Conv2D': {'bfloat16'}, 'MatMul': {'bfloat16'}},
+                     _op_dtypes(model_dir, ('Conv2D', 'MatMul')))
+
+  def test_runs_as_it_is_with_tensorflow_alone(self):
+    if eb.BACKEND == 'compat':
+      self.skipTest('tf.estimator is gone from TensorFlow 2.16+: there the '
+                    'program runs only through the runner')
+    model_dir = os.path.join(self.get_temp_dir(), 'fp32')
+    proc = subprocess.run(
+        [sys.executable, *self.args, '--model_dir=' + model_dir], cwd=_REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), capture_output=True,
+        text=True, timeout=600, check=False)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn('eval accuracy', proc.stdout)
+    self.assertEqual({'Conv2D': {'float32'}, 'MatMul': {'float32'}},
+                     _op_dtypes(model_dir, ('Conv2D', 'MatMul')))
 
 
 @pytest.mark.slow
