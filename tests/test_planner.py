@@ -207,7 +207,7 @@ class MeasuredPeakTest(parameterized.TestCase):
   """The plan against the same training step run on this CPU."""
 
   @parameterized.parameters('float32', 'bfloat16')
-  def test_within_ten_percent_of_the_live_tensor_peak(self, precision):
+  def test_close_to_the_live_tensor_peak(self, precision):
     if not peak_memory.allocator_stats_enabled():
       self.skipTest('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
                     'loads')
