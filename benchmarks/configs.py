@@ -200,8 +200,9 @@ def quick_config():
                     ('mnist_mlp', 100), ('bert_style_mini_seq128', 3),
                     ('keras_style_64px', 24), ('slim_style_64px', 24)),
       warmup_steps=2, windows=4, max_search_measurements=0,
-      # The judged memory (live tensors) is the same in every round; more
-      # rounds only show how the allocator's peak moves (full mode).
+      # The judged memory (live tensors) moves by a few MiB at most between
+      # rounds; more rounds only show how the allocator's peak moves (full
+      # mode).
       memory_rounds=1,
       overhead_windows=300,
       # Large graphs take seconds to build, and this machine's noise is as

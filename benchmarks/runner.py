@@ -140,14 +140,16 @@ def measure_model(spec, config, cpu_upcast):
 def memory_rounds(steps, rounds):
   """Peak step memory of every variant, the median of `rounds` measurements.
 
-  The live-tensor peak of a step is the same in every measurement. The
-  allocator's is not: one process-wide CPU allocator serves every session,
-  and how it splits its free chunks (it hands out a whole chunk up to
-  twice the request) depends on what earlier sessions left, so the same
-  step peaks several MiB apart after different ones. The variants are
-  therefore measured in rounds, in alternating order (A B C, C B A, ...),
-  and each keeps the measurement with its median allocator peak; every
-  allocator peak is kept in 'peak_step_bytes_runs'.
+  The live-tensor peak of a step moves by a few MiB at most (kernel
+  temporaries count at their chunk size, see
+  `step_memory.live_tensor_peak`). The allocator's moves far more: one
+  process-wide CPU allocator serves every session, and how it splits its
+  free chunks (it hands out a whole chunk up to twice the request) depends
+  on what earlier sessions left, so the same step peaks several MiB apart
+  after different ones. The variants are therefore measured in rounds, in
+  alternating order (A B C, C B A, ...), and each keeps the measurement
+  with its median allocator peak; every allocator peak is kept in
+  'peak_step_bytes_runs'.
 
   Args:
     steps: {precision: `graphs.TrainStep`}; the rewrite runs the float32
