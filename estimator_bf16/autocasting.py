@@ -246,6 +246,9 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     _cast_float32_inputs(op_def, keywords)
     if op_type == 'SparseMatMul':
       op_type, keywords = 'MatMul', _matmul_keywords(keywords)
+    result = _ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+    _recast_weights_late(result[2])
+    return result
   elif mode == 'bfloat16' and op_type in op_lists.FOLLOW_BFLOAT16_OPS:
     source = autocast_gradients.bfloat16_source(keywords.get('x'))
     if source is not None:
@@ -505,6 +508,22 @@ def _reads_trainable_variable(value):
       return False
     value = op.inputs[0]
   return False
+
+
+def _recast_weights_late(op):
+  """Makes a matmul/conv reading bfloat16 weights cast them again in backprop.
+
+  Only outside control flow (while loops, conds, TPU replication), where the
+  gradient could not read the forward pass's variable read directly and
+  where XLA plans memory itself.
+  """
+  # pylint: disable=protected-access
+  if op._get_control_flow_context() is not None:
+    return
+  # pylint: enable=protected-access
+  if any(autocast_gradients.variable_read_source(t) is not None
+         for t in op.inputs):
+    autocast_gradients.recast_weights_in_gradient(op)
 
 
 # ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def parse_args(argv=None):
       description=__doc__.split('\n')[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument('--quick', action='store_true',
-                      help='Full-size ResNet-50, BERT-mini, short runs '
+                      help='Full-size ResNet-50 and BERT-base, short runs '
                       '(under 15 minutes on 2 cores).')
   parser.add_argument('--out', required=True,
                       help='Directory for results.json, results.md, PNG.')

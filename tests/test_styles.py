@@ -93,6 +93,24 @@ class StyleGraphTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual({dtype for _, dtype, _ in variables} - {'int64'},
                      {'float32'})
 
+  @parameterized.parameters(*[(style, precision) for style in STYLE_NAMES
+                              for precision in eb.PRECISIONS])
+  def test_one_step_updates_every_variable(self, style, precision):
+    # An update TensorFlow's executor never reaches (a cycle made by graph
+    # rewrites, a gradient cut off) fails silently: the step still returns.
+    graph, spec = _build_train_graph(style, precision)
+    with graph.as_default():
+      trainable = tf.compat.v1.trainable_variables()
+      with self.session(graph=graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        before = sess.run(trainable)
+        sess.run(spec.train_op)
+        after = sess.run(trainable)
+    unchanged = [v.op.name for v, old, new in zip(trainable, before, after)
+                 if np.array_equal(old, new)]
+    self.assertNotEmpty(trainable)
+    self.assertEmpty(unchanged)
+
 
 def _estimator(style, model_dir, precision):
   return eb.make_tpu_estimator(
