@@ -49,7 +49,8 @@ def measure_model(spec, config, cpu_upcast):
   The variants (`VARIANTS`): float32; ours (`eb.wrap_model_fn` and
   `eb.wrap_input_fn` in bfloat16); TensorFlow's oneDNN bfloat16 rewrite on
   the float32 graph (a session option, no code change). Memory is measured
-  for each alone, in `config.memory_rounds` rounds (see `memory_rounds`);
+  for each alone, in `config.memory_rounds` rounds (see `memory_rounds`),
+  and for float32 and ours at `spec.memory_batch` too (`memory_at_batch`);
   all three are then timed in interleaved windows.
 
   Args:
@@ -61,7 +62,8 @@ def measure_model(spec, config, cpu_upcast):
   Returns:
     dict with the spec, one entry per variant (peak_step_bytes,
     examples_per_sec, memory details; for the two precisions also the
-    planner and, when searched, max_batch) and 'ratios'.
+    planner and, when searched, max_batch), 'ratios' and, with a
+    `memory_batch`, 'memory_at_second_batch'.
   """
   result = {'spec': dataclasses.asdict(spec),
             'budget_bytes': spec.budget_mib * MiB}
@@ -69,6 +71,9 @@ def measure_model(spec, config, cpu_upcast):
                                               spec.batch_size)
            for precision in PRECISIONS}
   memory = memory_rounds(steps, config.memory_rounds)
+  second = memory_at_batch(spec, spec.memory_batch)
+  if second:
+    result['memory_at_second_batch'] = second
   for variant in VARIANTS:
     logging.info('%s %s at batch %d: live tensors peak %.1f MiB; allocator '
                  'peak %.1f MiB (median of %s)', spec.name, variant,
@@ -82,7 +87,8 @@ def measure_model(spec, config, cpu_upcast):
     row, at_fp32 = _measure_precision(
         spec, precision, config, cpu_upcast, steps[precision],
         memory[precision],
-        result['float32']['max_batch'] if precision == 'bfloat16' else 0)
+        result['float32']['max_batch'] if precision == 'bfloat16' else 0,
+        (second or {}).get(precision))
     result[precision] = row
     if at_fp32:
       result['bfloat16_at_float32_max_batch'] = at_fp32
@@ -175,8 +181,33 @@ def memory_rounds(steps, rounds):
   return chosen
 
 
+def memory_at_batch(spec, batch):
+  """Live-tensor peaks of float32 and ours at another batch (memory only).
+
+  Args:
+    spec: a `configs.ModelSpec`.
+    batch: the batch; 0 measures nothing.
+
+  Returns:
+    None for batch 0, else a dict: 'batch_size', per precision the
+    `step_memory.measure_step_memory` dict, and 'ratio' (bfloat16 over
+    float32 live-tensor peaks).
+  """
+  if not batch:
+    return None
+  row = {'batch_size': batch}
+  for precision in PRECISIONS:
+    row[precision] = step_memory.measure_step_memory(
+        graphs.build_train_step(spec, precision, batch))
+    logging.info('%s %s at batch %d: live tensors peak %.1f MiB', spec.name,
+                 precision, batch, row[precision]['peak_tensor_bytes'] / MiB)
+  row['ratio'] = _ratio(row['bfloat16']['peak_tensor_bytes'],
+                        row['float32']['peak_tensor_bytes'])
+  return row
+
+
 def _measure_precision(spec, precision, config, cpu_upcast, step, measured,
-                       float32_max_batch):
+                       float32_max_batch, second=None):
   """Plans, the measured peak at the benchmark batch, the largest batch.
 
   The largest-batch search runs only with `config.max_search_measurements`
@@ -191,6 +222,9 @@ def _measure_precision(spec, precision, config, cpu_upcast, step, measured,
     measured: its memory, from `memory_rounds`.
     float32_max_batch: float32's largest batch, to measure bfloat16 there
       too; 0 for none.
+    second: this precision's measurement at `spec.memory_batch`
+      (`memory_at_batch`), which the planner is checked against too; or
+      None.
 
   Returns:
     (row for results.json, the measurement at `float32_max_batch` or None).
@@ -225,7 +259,9 @@ def _measure_precision(spec, precision, config, cpu_upcast, step, measured,
       plan, cpu_upcast,
       ('at_batch', spec.batch_size, measured['peak_tensor_bytes']),
       ('at_max_batch', search and search['max_batch'],
-       search and search['tensor_peak_at_max_batch'])))
+       search and search['tensor_peak_at_max_batch']),
+      ('at_second_batch', second and spec.memory_batch,
+       second and second['peak_tensor_bytes'])))
   row = {'peak_step_bytes': measured['peak_step_bytes'],
          'peak_tensor_bytes': measured['peak_tensor_bytes'],
          'max_batch': search and search['max_batch'], 'memory': measured,
@@ -396,7 +432,7 @@ def planner_summary(models):
   for name, result in models.items():
     for precision in PRECISIONS:
       planned = result[precision]['planner']
-      for where in ('at_batch', 'at_max_batch'):
+      for where in ('at_batch', 'at_max_batch', 'at_second_batch'):
         error = planned.get('relative_error_' + where)
         if error is not None:
           errors['%s/%s/%s' % (name, precision, where)] = error

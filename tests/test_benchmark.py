@@ -33,7 +33,8 @@ def _tiny_config():
   # One model keeps it to seconds; graph building dominates, and BERT or
   # ResNet graphs take seconds each to build.
   models = (configs.ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=64,
-                              optimizer='adam', budget_mib=16),)
+                              optimizer='adam', budget_mib=16,
+                              memory_batch=256),)
   return configs.BenchmarkConfig(
       mode='quick', models=models, warmup_steps=1,
       window_steps=(('mnist_mlp', 2),), windows=2, memory_rounds=2,
@@ -86,6 +87,16 @@ def test_every_figure_of_the_issue_is_there(outputs):
   # No search configured here beyond two measurements: a fitting batch.
   assert model['float32']['max_batch'] >= 64
   assert model['float32']['planner']['relative_error_at_batch'] is not None
+  # Memory alone at the second batch, float32 and ours, planner checked.
+  second = model['memory_at_second_batch']
+  assert second['batch_size'] == 256
+  for precision in ('float32', 'bfloat16'):
+    assert (second[precision]['peak_tensor_bytes'] >
+            model[precision]['peak_tensor_bytes']), precision
+    assert model[precision]['planner'][
+        'relative_error_at_second_batch'] is not None
+  assert 'mnist_mlp/bfloat16/at_second_batch' in results['planner'][
+      'relative_errors']
   assert results['overhead']['timed_steps_each'] == 4
   assert results['keras_mixed_bfloat16']['model'] == 'mnist_mlp'
   assert results['adafactor']['slot_bytes_ratio'] < 0.5
@@ -105,6 +116,10 @@ def test_ratios_are_the_quotients_they_name(outputs):
         peak(runner.REWRITE) / peak('float32'))
     assert ratios[prefix + 'memory_vs_rewrite'] == pytest.approx(
         peak('bfloat16') / peak(runner.REWRITE))
+  second = model['memory_at_second_batch']
+  assert second['ratio'] == pytest.approx(
+      second['bfloat16']['peak_tensor_bytes'] /
+      second['float32']['peak_tensor_bytes'])
   windows = model['throughput_windows']
   for key, top, bottom in (('throughput', 'bfloat16', 'float32'),
                            ('rewrite_throughput', runner.REWRITE, 'float32'),
@@ -218,6 +233,11 @@ def test_targets_are_judged_from_the_numbers(outputs):
   else:
     assert memory_row['met'] is None and 'inactive' in memory_row['measured']
   assert rows['wrapper adds no ops besides casts']['met'] is True
+  second = results['models']['mnist_mlp']['memory_at_second_batch']
+  second_row = rows['peak step memory bf16/fp32 <= 0.60 (at the second '
+                    'batch: mnist_mlp batch 256)']
+  assert ('mnist_mlp %.2f' % second['ratio']) in second_row['measured']
+  assert second_row['met'] == (second['ratio'] <= 0.60)
   # No ResNet or BERT in this run: their targets are unmeasured, not met.
   assert rows['throughput bf16/fp32 >= 1.6x (BERT)']['met'] is None
   assert rows['throughput bf16/fp32 >= 1.6x (BERT)']['measured'] == 'n/a'
@@ -241,6 +261,7 @@ def test_report_files_and_readme_splice(outputs, tmp_path):
              if line.startswith('| mnist_mlp |'))
   assert '%.2f' % results['models']['mnist_mlp']['ratios'][
       'memory_vs_rewrite'] in row
+  assert 'mnist_mlp at batch 256' in block and 'mnist_mlp at batch 256' in table
   readme = tmp_path / 'README.md'
   readme.write_text('# x\n\n%s\nold table\n%s\n\nrest\n' % (
       update_readme.BEGIN, update_readme.END))
