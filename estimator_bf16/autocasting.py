@@ -513,9 +513,9 @@ def _reads_trainable_variable(value):
 def _recast_weights_late(op):
   """Makes a matmul/conv reading bfloat16 weights cast them again in backprop.
 
-  Only outside control flow (while loops, conds, TPU replication), where the
-  gradient could not read the forward pass's variable read directly and
-  where XLA plans memory itself.
+  Not inside control flow (while loops, conds, TPU replication): there the
+  gradient cannot read the forward pass's variable read directly, and on a
+  TPU XLA plans memory itself.
   """
   # pylint: disable=protected-access
   if op._get_control_flow_context() is not None:

@@ -406,7 +406,7 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
     # Activations as large as the weights, as in a real network: the peak
     # is where the backward pass starts, not where the forward one does
     # (when every weight's cast is ready to run at once).
-    layers, width = 8, 512
+    layers, width = 16, 512
     copy_bytes = width * width * 2
 
     def peak(autocast):
@@ -423,7 +423,10 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
         loss = tf.reduce_sum(tf.cast(net, tf.float32))
         train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
             loss)
-        with self.session() as sess:
+        # One op at a time, as the benchmark measures memory: which ready
+        # op runs first then does not depend on the machine's load.
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+        with self.session(config=config) as sess:
           sess.run(tf.compat.v1.global_variables_initializer())
           sess.run(train)
           metadata = tf.compat.v1.RunMetadata()
@@ -434,9 +437,10 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
 
     by_hand, ours = peak(autocast=False), peak(autocast=True)
     print('live-tensor peak: by hand %d, ours %d bytes' % (by_hand, ours))
-    # By hand all 8 copies are alive when the backward pass starts; ours
-    # holds about one (plus float32 weight gradients, in both).
-    self.assertLess(ours, by_hand - (layers - 3) * copy_bytes,
+    # By hand every copy is alive when the backward pass starts; ours holds
+    # the ones in use (measured: 14 of 16 copies fewer with TensorFlow 2.15
+    # and 2.21, 12 with oneDNN off). More than half must be gone.
+    self.assertLess(ours, by_hand - layers // 2 * copy_bytes,
                     (ours, by_hand))
 
 
