@@ -98,6 +98,19 @@ def _after(grads):
   return tf.control_dependencies(ops)
 
 
+def _own_gradient_recasting(op, grads, source_of):
+  """TensorFlow's gradient of `op`, reading some inputs from new casts.
+
+  Each input `t` for which `source_of(t)` names a tensor is replaced by a
+  cast of that tensor to `t`'s dtype, made once `grads` exist.
+  """
+  with _after(grads):
+    inputs = [t if source_of(t) is None else tf.cast(source_of(t), t.dtype)
+              for t in op.inputs]
+  gradient_fn = tf_ops.gradient_registry.lookup(op.type)
+  return gradient_fn(_WithInputs(op, inputs), *grads)
+
+
 @tf.RegisterGradient(_FROM_BFLOAT16_GRADIENT)
 def _gradient_from_bfloat16_inputs(op, *grads):
   """The op's own gradient, reading float32 inputs anew from bfloat16.
@@ -109,11 +122,7 @@ def _gradient_from_bfloat16_inputs(op, *grads):
   (after the incoming gradient, hence late); the values are identical, since
   bfloat16 -> float32 is exact.
   """
-  with _after(grads):
-    inputs = [tf.cast(bfloat16_source(t), tf.float32)
-              if bfloat16_source(t) is not None else t for t in op.inputs]
-  gradient_fn = tf_ops.gradient_registry.lookup(op.type)
-  return gradient_fn(_WithInputs(op, inputs), *grads)
+  return _own_gradient_recasting(op, grads, bfloat16_source)
 
 
 @tf.RegisterGradient(_RECAST_WEIGHTS_GRADIENT)
@@ -127,12 +136,7 @@ def _gradient_with_weights_recast(op, *grads):
   4.2 s step) and saves holding them all through the peak (BERT-base at
   batch 32: 162 MiB of its 209 MiB of copies).
   """
-  with _after(grads):
-    inputs = [tf.cast(variable_read_source(t), t.dtype)
-              if variable_read_source(t) is not None else t
-              for t in op.inputs]
-  gradient_fn = tf_ops.gradient_registry.lookup(op.type)
-  return gradient_fn(_WithInputs(op, inputs), *grads)
+  return _own_gradient_recasting(op, grads, variable_read_source)
 
 
 @tf.RegisterGradient(_SOFTMAX_GRADIENT)
