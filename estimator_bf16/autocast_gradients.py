@@ -15,6 +15,11 @@ nearly every weight would sit next to the float32 variables. Marked with
 `recast_weights_in_gradient`, its gradient casts the variable's read anew
 once the incoming gradient exists; the forward copy is freed after the
 forward op.
+
+A `select(mask, x, 0)` that autocast computes as `multiply_no_nan(x,
+cast(mask))` would keep that bfloat16 mask (2 bytes an element) for its
+gradient where the select kept the boolean one (1 byte). Marked with
+`recast_mask_in_gradient`, its gradient casts the boolean mask again.
 """
 
 import tensorflow as tf
@@ -36,6 +41,7 @@ def bfloat16_source(value):
 _SOFTMAX_GRADIENT = 'EstimatorBf16RoundedSoftmax'
 _FROM_BFLOAT16_GRADIENT = 'EstimatorBf16FromBfloat16Inputs'
 _RECAST_WEIGHTS_GRADIENT = 'EstimatorBf16RecastWeights'
+_RECAST_MASK_GRADIENT = 'EstimatorBf16RecastMask'
 
 
 def variable_read_source(value):
@@ -139,6 +145,29 @@ def _gradient_with_weights_recast(op, *grads):
   return _own_gradient_recasting(op, grads, variable_read_source)
 
 
+@tf.RegisterGradient(_RECAST_MASK_GRADIENT)
+def _gradient_with_mask_recast(op, grad):
+  """Gradient of `multiply_no_nan(x, cast(mask))` for a boolean `mask`.
+
+  `multiply_no_nan(grad, cast(mask))`, the select's gradient bit for bit,
+  with the mask cast anew once `grad` exists: the forward cast is freed
+  after the forward op, and the step keeps only the boolean mask. Where `x`
+  was broadcast the gradient is summed back to its shape. The mask gets no
+  gradient.
+  """
+  value, mask = op.inputs
+  with _after([grad]):
+    mask = tf.cast(mask.op.inputs[0], grad.dtype)
+  grad_value = tf.math.multiply_no_nan(grad, mask)
+  if not (value.shape.is_fully_defined() and
+          value.shape == grad_value.shape):
+    value_shape = tf.shape(value)
+    axes, _ = tf.raw_ops.BroadcastGradientArgs(
+        s0=value_shape, s1=tf.shape(grad_value))
+    grad_value = tf.reshape(tf.reduce_sum(grad_value, axes), value_shape)
+  return tf.cast(grad_value, value.dtype), None
+
+
 @tf.RegisterGradient(_SOFTMAX_GRADIENT)
 def _rounded_softmax_gradient(op, grad):
   """Softmax's gradient computed from the bfloat16 rounding of its output.
@@ -177,3 +206,8 @@ def read_bfloat16_inputs_in_gradient(op):
 def recast_weights_in_gradient(op):
   """Makes `op`'s gradient cast its variable reads to bfloat16 anew."""
   _set_gradient(op, _RECAST_WEIGHTS_GRADIENT)
+
+
+def recast_mask_in_gradient(op):
+  """Makes `multiply_no_nan(x, cast(mask))`'s gradient cast `mask` anew."""
+  _set_gradient(op, _RECAST_MASK_GRADIENT)

@@ -487,6 +487,119 @@ class RandomNumbersTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(len(np.unique(values)), 50)
 
 
+class ZeroSelectTest(tf.test.TestCase, parameterized.TestCase):
+  """select(mask, x, 0) on bfloat16 is a multiply, bit for bit the select."""
+
+  # Non-finite values and -0 where the mask drops them and keeps them.
+  VALUES = np.array([[1.5, -2.0, np.inf, np.nan, -0.0, 3.0, np.nan, -np.inf],
+                     [0.0, np.nan, -0.0, 7.0, np.inf, -1.0, 2.0, -np.inf]],
+                    np.float32)
+  MASK = np.array([[True, False, False, False, True, True, True, True],
+                   [False, True, True, False, False, True, False, True]])
+
+  @parameterized.named_parameters(
+      ('zero_tensor_else', lambda c, x: tf.where(c, x, tf.zeros([], BF16))),
+      ('python_zero_else', lambda c, x: tf.where(c, x, 0.0)),
+      ('zero_then', lambda c, x: tf.where(c, tf.zeros([], BF16), x)),
+      ('v1_select', lambda c, x: tf.compat.v1.where(c, x, tf.zeros_like(x))),
+      ('broadcast_mask', lambda c, x: tf.where(c[:1], x, 0.0)),
+      ('broadcast_value', lambda c, x: tf.where(c, x[:1], 0.0)))
+  def test_values_and_gradient_are_the_selects(self, select):
+    weights = np.arange(16, dtype=np.float32).reshape(2, 8) - 5.0
+    with tf.Graph().as_default() as graph:
+      x = tf.cast(tf.identity(self.VALUES), BF16)
+      mask = tf.identity(self.MASK)
+      outputs = {}
+      for use_autocast in (True, False):
+        if use_autocast:
+          before = len(graph.get_operations())
+          with eb.autocast('bfloat16'):
+            y = select(mask, x)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * weights)
+            grad, = tf.gradients(loss, x)
+          self.assertEqual(y.op.type, 'MulNoNan')
+          self.assertEqual(grad.dtype, BF16)
+          # Neither the forward nor the backward pass selects.
+          self.assertEmpty([op.name for op in
+                            graph.get_operations()[before:]
+                            if op.type in ('Select', 'SelectV2')])
+        else:
+          y = select(mask, x)
+          self.assertIn(y.op.type, ('Select', 'SelectV2'))
+          loss = tf.reduce_sum(tf.cast(y, tf.float32) * weights)
+          grad, = tf.gradients(loss, x)
+        outputs[use_autocast] = (tf.bitcast(y, tf.uint16),
+                                 tf.bitcast(grad, tf.uint16))
+      with self.session(graph=graph) as sess:
+        got, want = sess.run([outputs[True], outputs[False]])
+    # Bit patterns: inf, NaN and -0 included; a dropped NaN is +0.
+    self.assertAllEqual(got[0], want[0])
+    self.assertAllEqual(got[1], want[1])
+
+  def test_backward_pass_recasts_the_boolean_mask(self):
+    with tf.Graph().as_default() as graph:
+      x = _activation(np.ones([4, 8]))
+      mask = tf.identity(tf.constant(self.MASK.repeat(2, axis=0)))
+      with eb.autocast('bfloat16'):
+        y = tf.where(mask, x, 0.0)
+        tf.gradients(tf.reduce_sum(y * y), x)
+      self.assertEmpty([op.name for op in _ops(graph, 'Select', 'SelectV2')])
+      forward_mask = y.op.inputs[1]
+      self.assertEqual(forward_mask.op.type, 'Cast')
+      # The bfloat16 mask feeds the forward multiply only, so it is freed
+      # after it; the gradient casts the boolean mask again, once its
+      # incoming gradient exists (a control input keeps the two casts from
+      # being merged into one that lives through the step).
+      self.assertEqual([op.name for op in forward_mask.consumers()],
+                       [y.op.name])
+      (recast,) = [op for op in mask.consumers()
+                   if op.type == 'Cast' and op is not forward_mask.op]
+      self.assertTrue(recast.name.startswith('gradients'))
+      self.assertNotEmpty(recast.control_inputs)
+
+  def test_dropout_has_no_select(self):
+    with tf.Graph().as_default() as graph:
+      x = _activation(np.ones([64, 32]))
+      with eb.autocast('bfloat16'):
+        y = tf.nn.dropout(x, rate=0.25)
+        tf.gradients(tf.reduce_sum(y), x)
+      self.assertEmpty([op.name for op in _ops(graph, 'Select', 'SelectV2')])
+      self.assertLen(_ops(graph, 'MulNoNan'), 2)
+
+  @parameterized.named_parameters(
+      ('float32_value', lambda c, x: tf.where(c, tf.cast(x, tf.float32), 0.0)),
+      ('negative_zero', lambda c, x: tf.where(c, x, -0.0)),
+      ('nonzero', lambda c, x: tf.where(c, x, 1.0)),
+      ('computed_zero', lambda c, x: tf.where(c, x, x * 0)),
+      ('zero_widens_result', lambda c, x: tf.where(
+          c, x, tf.zeros([1, 1, 1], BF16))),
+      ('v1_select_of_rows', lambda c, x: tf.compat.v1.where(
+          c[:, 0], x, tf.zeros_like(x))))
+  def test_other_selects_stay(self, select):
+    with tf.Graph().as_default() as graph:
+      x = _activation(np.ones([2, 8]))
+      with eb.autocast('bfloat16'):
+        select(tf.identity(self.MASK), x)
+      self.assertEmpty(_ops(graph, 'MulNoNan'))
+      self.assertNotEmpty(_ops(graph, 'Select', 'SelectV2'))
+
+  def test_inside_a_cond_it_stays(self):
+    with tf.Graph().as_default() as graph:
+      x = _activation(np.ones([2, 8]))
+      mask = tf.identity(self.MASK)
+      with eb.autocast('bfloat16'):
+        tf.compat.v1.cond(tf.constant(True), lambda: tf.where(mask, x, 0.0),
+                          lambda: x)
+      self.assertEmpty(_ops(graph, 'MulNoNan'))
+
+  def test_float32_precision_keeps_the_select(self):
+    with tf.Graph().as_default() as graph:
+      x = _activation(np.ones([2, 8]))
+      with eb.autocast('float32'):
+        tf.where(tf.identity(self.MASK), x, 0.0)
+      self.assertEmpty(_ops(graph, 'MulNoNan'))
+
+
 class SecondThreadTest(tf.test.TestCase):
 
   def test_other_thread_building_meanwhile_is_untouched(self):
