@@ -52,6 +52,11 @@ def op_counts(graph):
   return collections.Counter(op.type for op in graph.get_operations())
 
 
+# Ops autocast computes another way rather than adds: a select of zeros on
+# bfloat16 becomes a multiply by the mask (`op_lists.ZERO_SELECT_OPS`).
+_REPLACES = {'MulNoNan': ('Select', 'SelectV2')}
+
+
 def compare_graphs(wrapped, hand_written):
   """Op counts of both graphs and what the wrapped one has in addition.
 
@@ -61,16 +66,28 @@ def compare_graphs(wrapped, hand_written):
 
   Returns:
     dict: 'wrapped_ops', 'hand_written_ops', 'wrapped_casts',
-    'hand_written_casts', and 'extra_ops_besides_casts' ({op type: how many
-    more the wrapped graph has}, Cast excluded; empty when the wrapper adds
-    nothing but casts).
+    'hand_written_casts', 'replaced_ops' ({'Old -> New': count}: ops of
+    the hand-written graph that the wrapped one computes as another op,
+    matched one for one), and 'extra_ops_besides_casts' ({op type: how many
+    more the wrapped graph has, beyond those replacements}, Cast excluded;
+    empty when the wrapper adds nothing but casts).
   """
   a, b = op_counts(wrapped), op_counts(hand_written)
-  extra = {kind: a[kind] - b[kind] for kind in a
-           if kind != 'Cast' and a[kind] > b[kind]}
+  extra, replaced = {}, {}
+  for kind in a:
+    more = a[kind] - b[kind]
+    if kind == 'Cast' or more <= 0:
+      continue
+    for old in _REPLACES.get(kind, ()):
+      fewer = min(more, b[old] - a[old])
+      if fewer > 0:
+        replaced['%s -> %s' % (old, kind)] = fewer
+        more -= fewer
+    if more > 0:
+      extra[kind] = more
   return {'wrapped_ops': sum(a.values()), 'hand_written_ops': sum(b.values()),
           'wrapped_casts': a['Cast'], 'hand_written_casts': b['Cast'],
-          'extra_ops_besides_casts': extra}
+          'replaced_ops': replaced, 'extra_ops_besides_casts': extra}
 
 
 def measure_overhead(spec, batch_size, *, warmup_steps, window_steps,

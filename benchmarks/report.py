@@ -107,8 +107,9 @@ def targets(results):
     add('wrapper step time / hand-written <= 1.01',
         [(over['model'], over['step_time_ratio'])], lambda v: v <= 1.01)
     rows.append({'target': 'wrapper adds no ops besides casts',
-                 'measured': 'extra non-cast ops: %s' % (
-                     over['extra_ops_besides_casts'] or 'none'),
+                 'measured': 'extra non-cast ops: %s%s' % (
+                     over['extra_ops_besides_casts'] or 'none',
+                     _replaced(over)),
                  'met': not over['extra_ops_besides_casts']})
   keras = results.get('keras_mixed_bfloat16')
   if keras:
@@ -195,6 +196,15 @@ def readme_block(results):
             'examples/sec are not comparable between runs. Wall time %.0f '
             's.' % results['seconds']['total']]
   return '\n'.join(lines) + '\n'
+
+
+def _replaced(over):
+  """'; computed another way: ...' for the overhead's replaced ops, or ''."""
+  replaced = over.get('replaced_ops')
+  if not replaced:
+    return ''
+  return '; computed another way: %s' % ', '.join(
+      '%s (%d)' % (change, count) for change, count in sorted(replaced.items()))
 
 
 def _build_overhead_line(build):
@@ -312,7 +322,7 @@ def _other_tables(results):
     lines += ['', '**Wrapper overhead** (%s, batch %d, bfloat16, %d '
               'alternating steps each): step time wrapped / hand-written '
               '%.3f (median; IQR %.3f-%.3f; ratio of total times %.3f); ops '
-              '%d vs %d, casts %d vs %d, other extra ops: %s.' % (
+              '%d vs %d, casts %d vs %d, other extra ops: %s' % (
                   over['model'], over['batch_size'],
                   over['timed_steps_each'], over['step_time_ratio'],
                   over['step_time_ratio_iqr'][0],
@@ -320,7 +330,8 @@ def _other_tables(results):
                   over['wrapped_ops'],
                   over['hand_written_ops'], over['wrapped_casts'],
                   over['hand_written_casts'],
-                  over['extra_ops_besides_casts'] or 'none')]
+                  over['extra_ops_besides_casts'] or 'none') +
+              _replaced(over) + '.']
   build = results.get('build_overhead')
   if build:
     lines += ['', _build_overhead_line(build)]

@@ -200,7 +200,31 @@ def test_wrapper_adds_only_casts(outputs):
   results, _, _ = outputs
   overhead = results['overhead']
   assert overhead['extra_ops_besides_casts'] == {}
+  # The MLP's dropout: its select and the select's gradient.
+  assert overhead['replaced_ops'] == {'SelectV2 -> MulNoNan': 2}
   assert overhead['wrapped_bfloat16_flop_share'] == 1.0
+
+
+def test_graph_comparison_tells_replaced_from_added_ops():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from benchmarks import overhead  # pylint: disable=g-import-not-at-top
+  def inputs():
+    return tf.ones([4], tf.bfloat16), tf.ones([4], tf.bool)
+
+  with tf.Graph().as_default() as hand_written:
+    x, mask = inputs()
+    tf.where(mask, x, tf.zeros([], tf.bfloat16))
+    tf.where(mask, x, tf.zeros([], tf.bfloat16))
+  with tf.Graph().as_default() as wrapped:
+    x, mask = inputs()
+    y = tf.math.multiply_no_nan(x, tf.cast(mask, tf.bfloat16))
+    tf.where(mask, x, tf.zeros([], tf.bfloat16))
+    tf.math.multiply_no_nan(y, tf.cast(mask, tf.bfloat16))  # one too many
+    tf.abs(y)
+  compared = overhead.compare_graphs(wrapped, hand_written)
+  assert compared['replaced_ops'] == {'SelectV2 -> MulNoNan': 1}
+  assert compared['extra_ops_besides_casts'] == {'MulNoNan': 1, 'Abs': 1}
+  assert compared['wrapped_casts'] - compared['hand_written_casts'] == 2
 
 
 @pytest.mark.slow
