@@ -26,6 +26,7 @@ import tensorflow as tf
 from benchmarks import graphs
 from benchmarks import throughput
 import estimator_bf16 as eb
+from estimator_bf16 import op_lists
 
 
 def hand_written_network_builder(spec):
@@ -53,8 +54,8 @@ def op_counts(graph):
 
 
 # Ops autocast computes another way rather than adds: a select of zeros on
-# bfloat16 becomes a multiply by the mask (`op_lists.ZERO_SELECT_OPS`).
-_REPLACES = {'MulNoNan': ('Select', 'SelectV2')}
+# bfloat16 becomes a multiply by the mask.
+_REPLACES = {'MulNoNan': tuple(sorted(op_lists.ZERO_SELECT_OPS))}
 
 
 def compare_graphs(wrapped, hand_written):
