@@ -518,9 +518,11 @@ def _reads_trainable_variable(value):
 def _recast_weights_late(op):
   """Makes a matmul/conv reading bfloat16 weights cast them again in backprop.
 
-  Not inside control flow (while loops, conds, TPU replication): there the
-  gradient cannot read the forward pass's variable read directly, and on a
-  TPU XLA plans memory itself.
+  Not inside a TF1 control-flow context (v1 while loops and conds, TPU
+  replication): there the gradient cannot read the forward pass's variable
+  read directly, and on a TPU XLA plans memory itself. TensorFlow 2's
+  functional cond and while_loop build their bodies as functions, outside
+  any such context, and their gradients read forward tensors as captures.
   """
   # pylint: disable=protected-access
   if op._get_control_flow_context() is not None:
@@ -637,8 +639,10 @@ def _zero_select_as_multiply(op_type, name, keywords):
   Left as selects: other dtypes, non-constant or non-zero (or -0) other
   branches, a zero that could widen the result, v1 `Select` unless its mask
   has the value's known shape (a vector mask picks whole rows), and ops
-  inside control flow, where the gradient cannot read the forward mask
-  directly.
+  inside a TF1 control-flow context (v1 while loops and conds, TPU
+  replication), where the gradient cannot read the forward mask directly.
+  TensorFlow 2's functional cond and while_loop build their bodies as
+  functions, outside any such context, and get the multiply.
 
   Returns:
     `_apply_op_helper`'s 4-tuple for the multiply, or None to leave the

@@ -347,6 +347,48 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
     for g, w in zip(got, want):
       self.assertAllEqual(g, w)
 
+  @parameterized.named_parameters(('cond', 'cond'), ('while_loop', 'while'))
+  def test_functional_control_flow_recasts_exactly(self, kind):
+    # TensorFlow 2's cond and while_loop (the default control flow) build
+    # their bodies as functions; the recast applies there, and the
+    # gradients equal the hand-written bfloat16 graph's.
+    x_values = np.random.RandomState(0).randn(4, 6)
+    with tf.Graph().as_default():
+      self.assertTrue(tf.compat.v1.control_flow_v2_enabled())
+      x = _activation(x_values)
+      w = tf.compat.v1.get_variable('w', [6, 3])
+      matmuls = []
+
+      def layer(weights):
+        matmuls.append(tf.matmul(x, weights))
+        return matmuls[-1]
+
+      def build(weights):
+        if kind == 'cond':
+          return tf.compat.v1.cond(tf.identity(tf.constant(True)),
+                                   lambda: layer(weights()),
+                                   lambda: tf.zeros([4, 3], BF16))
+        return tf.compat.v1.while_loop(
+            lambda i, _: i < 2,
+            lambda i, y: (i + 1, y * tf.constant(0.5, BF16) +
+                          layer(weights())),
+            [0, tf.zeros([4, 3], BF16)])[1]
+
+      def gradients(y):
+        return tf.gradients(tf.reduce_sum(tf.square(tf.cast(y, tf.float32))),
+                            [x, w])
+
+      with eb.autocast('bfloat16'):
+        got = gradients(build(lambda: w))
+      self.assertEqual(matmuls[0].op.get_attr('_gradient_op_type'),
+                       b'EstimatorBf16RecastWeights')
+      want = gradients(build(lambda: tf.cast(w, BF16)))
+      with self.cached_session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        got, want = sess.run([got, want])
+    for g, w in zip(got, want):
+      self.assertAllEqual(g, w)
+
   def test_training_step_updates_every_weight(self):
     # A conv with a bias first in the network: with oneDNN, TensorFlow fuses
     # the bias gradient into the filter gradient, and a recast that waited
@@ -583,14 +625,49 @@ class ZeroSelectTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEmpty(_ops(graph, 'MulNoNan'))
       self.assertNotEmpty(_ops(graph, 'Select', 'SelectV2'))
 
-  def test_inside_a_cond_it_stays(self):
-    with tf.Graph().as_default() as graph:
-      x = _activation(np.ones([2, 8]))
-      mask = tf.identity(self.MASK)
-      with eb.autocast('bfloat16'):
-        tf.compat.v1.cond(tf.constant(True), lambda: tf.where(mask, x, 0.0),
-                          lambda: x)
-      self.assertEmpty(_ops(graph, 'MulNoNan'))
+  @parameterized.named_parameters(('functional_cond', True),
+                                  ('v1_cond_context', False))
+  def test_inside_a_cond(self, control_flow_v2):
+    # TensorFlow 2's cond builds its branches as functions, whose gradients
+    # can read any forward tensor: the select becomes a multiply there too.
+    # A TF1 cond context (after disable_v2_behavior()) keeps the select.
+    built = []
+
+    def branch():
+      built.append(tf.where(mask, x, 0.0))
+      return built[-1]
+
+    was_v2 = tf.compat.v1.control_flow_v2_enabled()
+    try:
+      if control_flow_v2:
+        tf.compat.v1.enable_control_flow_v2()
+      else:
+        tf.compat.v1.disable_control_flow_v2()
+      with tf.Graph().as_default():
+        x = tf.cast(tf.identity(self.VALUES), BF16)
+        mask = tf.identity(self.MASK)
+        pick = tf.identity(tf.constant(True))
+        weights = np.arange(16, dtype=np.float32).reshape(2, 8) - 5.0
+        with eb.autocast('bfloat16'):
+          y = tf.compat.v1.cond(pick, branch, lambda: x)
+          grad, = tf.gradients(
+              tf.reduce_sum(tf.cast(y, tf.float32) * weights), x)
+        # Outside autocast: TensorFlow's own select, and its gradient.
+        zero = tf.zeros([], BF16)
+        want_y = tf.where(mask, x, zero)
+        want_grad = tf.where(mask, tf.cast(weights, BF16), zero)
+        with self.cached_session() as sess:
+          got = sess.run([tf.bitcast(t, tf.uint16)
+                          for t in (y, want_y, grad, want_grad)])
+    finally:
+      if was_v2:
+        tf.compat.v1.enable_control_flow_v2()
+      else:
+        tf.compat.v1.disable_control_flow_v2()
+    self.assertEqual(built[0].op.type,
+                     'MulNoNan' if control_flow_v2 else 'SelectV2')
+    self.assertAllEqual(got[0], got[1])
+    self.assertAllEqual(got[2], got[3])
 
   def test_float32_precision_keeps_the_select(self):
     with tf.Graph().as_default() as graph:
