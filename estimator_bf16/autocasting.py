@@ -515,19 +515,28 @@ def _reads_trainable_variable(value):
   return False
 
 
+def _in_tf1_control_flow():
+  """True while ops are built inside a TF1 control-flow context.
+
+  That is a v1 while loop or cond, or TPU replication. A gradient built
+  there cannot read a forward tensor other than its op's own inputs and
+  outputs directly, so the gradients that re-make such a tensor late (the
+  weight recast, the mask recast) are not used there; on a TPU XLA plans
+  memory and fuses elementwise ops itself. TensorFlow 2's functional cond
+  and while_loop build their bodies as functions, outside any such context,
+  and their gradients read forward tensors as captures.
+  """
+  graph = tf.compat.v1.get_default_graph()
+  return graph._get_control_flow_context() is not None  # pylint: disable=protected-access
+
+
 def _recast_weights_late(op):
   """Makes a matmul/conv reading bfloat16 weights cast them again in backprop.
 
-  Not inside a TF1 control-flow context (v1 while loops and conds, TPU
-  replication): there the gradient cannot read the forward pass's variable
-  read directly, and on a TPU XLA plans memory itself. TensorFlow 2's
-  functional cond and while_loop build their bodies as functions, outside
-  any such context, and their gradients read forward tensors as captures.
+  Not inside a TF1 control-flow context (`_in_tf1_control_flow`).
   """
-  # pylint: disable=protected-access
-  if op._get_control_flow_context() is not None:
+  if _in_tf1_control_flow():
     return
-  # pylint: enable=protected-access
   if any(autocast_gradients.variable_read_source(t) is not None
          for t in op.inputs):
     autocast_gradients.recast_weights_in_gradient(op)
@@ -639,10 +648,7 @@ def _zero_select_as_multiply(op_type, name, keywords):
   Left as selects: other dtypes, non-constant or non-zero (or -0) other
   branches, a zero that could widen the result, v1 `Select` unless its mask
   has the value's known shape (a vector mask picks whole rows), and ops
-  inside a TF1 control-flow context (v1 while loops and conds, TPU
-  replication), where the gradient cannot read the forward mask directly.
-  TensorFlow 2's functional cond and while_loop build their bodies as
-  functions, outside any such context, and get the multiply.
+  inside a TF1 control-flow context (`_in_tf1_control_flow`).
 
   Returns:
     `_apply_op_helper`'s 4-tuple for the multiply, or None to leave the
@@ -650,8 +656,7 @@ def _zero_select_as_multiply(op_type, name, keywords):
   """
   condition = keywords.get('condition')
   if (not isinstance(condition, tf.Tensor) or condition.dtype != tf.bool or
-      tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
-      is not None):
+      _in_tf1_control_flow()):
     return None
   for value, zero, keep in ((keywords.get('t'), keywords.get('e'), True),
                             (keywords.get('e'), keywords.get('t'), False)):
