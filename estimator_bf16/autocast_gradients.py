@@ -14,7 +14,8 @@ at the step's peak (the start of the backward pass) a bfloat16 copy of
 nearly every weight would sit next to the float32 variables. Marked with
 `recast_weights_in_gradient`, its gradient casts the variable's read anew
 once the incoming gradient exists; the forward copy is freed after the
-forward op.
+forward op. (`autocasting` marks only ops whose weights meet enough rows
+of activations for that cast to be cheap: `RECAST_MIN_ROWS`.)
 
 A `select(mask, x, 0)` that autocast computes as `multiply_no_nan(x,
 cast(mask))` would keep that bfloat16 mask (2 bytes an element) for its

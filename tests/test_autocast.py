@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import step_memory
+from estimator_bf16 import autocasting
 from estimator_bf16 import peak_memory
 import estimator_bf16 as eb
 
@@ -310,18 +311,97 @@ class BackwardMemoryTest(tf.test.TestCase, parameterized.TestCase):
 class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
   """bfloat16 copies of the weights live in the forward pass, not through it."""
 
-  @parameterized.named_parameters(('matmul', 'matmul'), ('conv', 'conv'))
-  def test_backward_casts_the_weights_again(self, kind):
+  # (kind, rows the weights meet): a dense layer's batch, a conv's batch x
+  # positions, the columns of `weights @ x`, and a batch only known when
+  # the step runs (None), where the copy is always made again.
+  @parameterized.named_parameters(
+      ('matmul', 'matmul', autocasting.RECAST_MIN_ROWS),
+      ('conv', 'conv', autocasting.RECAST_MIN_ROWS),
+      ('weights_first', 'weights_first', autocasting.RECAST_MIN_ROWS),
+      ('dynamic_batch', 'matmul', None))
+  def test_backward_casts_the_weights_again(self, kind, rows):
+    got, want, forward_cast, graph = self._layer_gradients(kind, rows or 4,
+                                                           static=bool(rows))
+    # The forward copy feeds only the forward op ...
+    self.assertLen(forward_cast.outputs[0].consumers(), 1)
+    recasts = [op for op in graph.get_operations()
+               if op.type == 'Cast' and op.name.startswith('gradients/') and
+               op.inputs[0] is forward_cast.inputs[0]]
+    self.assertLen(recasts, 1)
+    # ... and the new one waits for the incoming gradient, so it runs in the
+    # backward pass.
+    self.assertNotEmpty(recasts[0].control_inputs)
+    for g, w in zip(got, want):
+      self.assertAllEqual(g, w)
+
+  @parameterized.named_parameters(
+      ('matmul', 'matmul'), ('conv', 'conv'), ('weights_first', 'weights_first'))
+  def test_few_rows_keep_the_forward_copy(self, kind):
+    # One row fewer than the threshold: casting the weights again would cost
+    # about what the backward matmul does, so the gradient reads the forward
+    # copy, as TensorFlow's own gradient would.
+    got, want, forward_cast, graph = self._layer_gradients(
+        kind, autocasting.RECAST_MIN_ROWS - 1, static=True)
+    self.assertGreater(len(forward_cast.outputs[0].consumers()), 1)
+    self.assertEmpty([op for op in graph.get_operations()
+                      if op.type == 'Cast' and
+                      op.name.startswith('gradients/') and
+                      op.inputs[0] is forward_cast.inputs[0]])
+    for g, w in zip(got, want):
+      self.assertAllEqual(g, w)
+
+  @parameterized.named_parameters(('enough', 16, True), ('few', 15, False))
+  def test_channels_first_conv_counts_positions(self, side, recast):
+    # NCHW (a GPU's layout): the rows are batch x height x width, not the
+    # last axis. Graph only; CPU kernels run NHWC.
+    with tf.Graph().as_default():
+      x = _activation(np.zeros([1, 3, side, side]))
+      w = tf.compat.v1.get_variable('w', [3, 3, 3, 4])
+      with eb.autocast('bfloat16'):
+        y = tf.nn.conv2d(x, w, 1, 'SAME', data_format='NCHW')
+      self.assertEqual(y.shape.as_list(), [1, 4, side, side])
+      try:
+        marked = y.op.get_attr('_gradient_op_type')
+      except ValueError:
+        marked = None
+      self.assertEqual(marked == b'EstimatorBf16RecastWeights', recast)
+
+  def _layer_gradients(self, kind, rows, static):
+    """Gradients of one layer under autocast and written in bfloat16.
+
+    Args:
+      kind: 'matmul' (x [rows, 6] @ w), 'weights_first' (w @ x [6, rows])
+        or 'conv' (x [rows, 1, 1, 3] or, for rows a square, [1, r, r, 3]).
+      rows: rows of activations each weight element meets.
+      static: False feeds x through a placeholder of unknown first dim.
+
+    Returns:
+      (autocast gradients, hand-written gradients) as numpy values for
+      [x, w], the forward op's weight cast, and the graph.
+    """
     rng = np.random.RandomState(0)
     with tf.Graph().as_default() as graph:
       if kind == 'matmul':
-        x = _activation(rng.randn(4, 6))
+        values = rng.randn(rows, 6)
         w = tf.compat.v1.get_variable('w', [6, 3])
         layer = tf.matmul
+      elif kind == 'weights_first':
+        values = rng.randn(6, rows)
+        w = tf.compat.v1.get_variable('w', [3, 6])
+        layer = lambda x, w: tf.matmul(w, x)
       else:
-        x = _activation(rng.randn(2, 5, 5, 3))
+        side = int(np.sqrt(rows))
+        values = (rng.randn(1, side, side, 3) if side * side == rows else
+                  rng.randn(rows, 1, 1, 3))
         w = tf.compat.v1.get_variable('w', [3, 3, 3, 4])
         layer = lambda x, w: tf.nn.conv2d(x, w, 1, 'SAME')
+      if static:
+        x = _activation(values)
+        feed = {}
+      else:
+        fed = tf.compat.v1.placeholder(BF16, [None] + list(values.shape[1:]))
+        x = tf.identity(fed)
+        feed = {fed: values}
       with eb.autocast('bfloat16'):
         y = layer(x, w)
         got = tf.gradients(tf.reduce_sum(y * y), [x, w])
@@ -330,29 +410,19 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
       y_ref = layer(x, tf.cast(w, BF16))
       want = tf.gradients(tf.reduce_sum(tf.cast(y_ref * y_ref, tf.float32)),
                           [x, w])
-      forward = y.op
-      forward_cast = forward.inputs[1].op
-      self.assertEqual(forward_cast.type, 'Cast')
-      self.assertEqual([op.name for op in forward_cast.outputs[0].consumers()],
-                       [forward.name])
-      recasts = [op for op in graph.get_operations()
-                 if op.type == 'Cast' and op.name.startswith('gradients/') and
-                 op.inputs[0] is forward_cast.inputs[0]]
-      self.assertLen(recasts, 1)
-      # It waits for the incoming gradient, so it runs in the backward pass.
-      self.assertNotEmpty(recasts[0].control_inputs)
+      (forward_cast,) = [t.op for t in y.op.inputs if t.op.type == 'Cast']
       with self.cached_session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        got, want = sess.run([got, want])
-    for g, w in zip(got, want):
-      self.assertAllEqual(g, w)
+        got, want = sess.run([got, want], feed)
+    return got, want, forward_cast, graph
 
   @parameterized.named_parameters(('cond', 'cond'), ('while_loop', 'while'))
   def test_functional_control_flow_recasts_exactly(self, kind):
     # TensorFlow 2's cond and while_loop (the default control flow) build
     # their bodies as functions; the recast applies there, and the
     # gradients equal the hand-written bfloat16 graph's.
-    x_values = np.random.RandomState(0).randn(4, 6)
+    rows = autocasting.RECAST_MIN_ROWS
+    x_values = np.random.RandomState(0).randn(rows, 6)
     with tf.Graph().as_default():
       self.assertTrue(tf.compat.v1.control_flow_v2_enabled())
       x = _activation(x_values)
@@ -367,12 +437,12 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
         if kind == 'cond':
           return tf.compat.v1.cond(tf.identity(tf.constant(True)),
                                    lambda: layer(weights()),
-                                   lambda: tf.zeros([4, 3], BF16))
+                                   lambda: tf.zeros([rows, 3], BF16))
         return tf.compat.v1.while_loop(
             lambda i, _: i < 2,
             lambda i, y: (i + 1, y * tf.constant(0.5, BF16) +
                           layer(weights())),
-            [0, tf.zeros([4, 3], BF16)])[1]
+            [0, tf.zeros([rows, 3], BF16)])[1]
 
       def gradients(y):
         return tf.gradients(tf.reduce_sum(tf.square(tf.cast(y, tf.float32))),
