@@ -75,6 +75,9 @@ class BenchmarkConfig:
     window_steps: steps per timed window, per model name (throughput is the
       median over windows).
     windows: timed windows per precision; precisions alternate.
+    model_windows: (model name, windows) for models timed in more windows
+      than `windows`: the small nets, whose steps take milliseconds and
+      whose paired ratios spread by several percent from window to window.
     memory_rounds: peak-memory measurements per variant, in alternating
       order; the median is reported (`runner.memory_rounds`).
     batch_tolerance: the search stops when the fitting and failing batches
@@ -108,6 +111,7 @@ class BenchmarkConfig:
   warmup_steps: int = 3
   window_steps: Tuple[Tuple[str, int], ...] = ()
   windows: int = 5
+  model_windows: Tuple[Tuple[str, int], ...] = ()
   memory_rounds: int = 3
   batch_tolerance: float = 0.08
   max_search_measurements: int = 6
@@ -126,6 +130,9 @@ class BenchmarkConfig:
 
   def steps_per_window(self, name):
     return dict(self.window_steps).get(name, 5)
+
+  def windows_for(self, name):
+    return dict(self.model_windows).get(name, self.windows)
 
   def model(self, name):
     for spec in self.models:
@@ -151,6 +158,10 @@ BERT_BASE_BATCH32 = ModelSpec('bert_base_seq128', 'bert', batch_size=32,
                               optimizer='adamw', bert_preset='base',
                               seq_length=128, num_classes=2,
                               budget_mib=8192, memory_batch=64)
+
+
+# The models whose steps take milliseconds here (see `model_windows`).
+_SMALL_NETS = ('mnist_mlp', 'keras_style_64px', 'slim_style_64px')
 
 
 def _quick_models():
@@ -205,6 +216,10 @@ def quick_config():
                     ('mnist_mlp', 100), ('bert_style_mini_seq128', 3),
                     ('keras_style_64px', 24), ('slim_style_64px', 24)),
       warmup_steps=2, windows=4, max_search_measurements=0,
+      # A window of a small net takes a third of a second: twelve of them
+      # cost about 10 s a model and narrow its ratios' noise to about +-1%
+      # (+-3% with four), what telling 0.97 from 1.0 needs.
+      model_windows=tuple((name, 12) for name in _SMALL_NETS),
       # The judged memory (live tensors) moves by a few MiB at most between
       # rounds; more rounds only show how the allocator's peak moves (full
       # mode).
@@ -226,6 +241,7 @@ def full_config():
                     ('mnist_mlp', 100), ('bert_style_mini_seq128', 4),
                     ('keras_style_64px', 10), ('slim_style_64px', 10)),
       windows=7, max_search_measurements=4, overhead_windows=1000,
+      model_windows=tuple((name, 21) for name in _SMALL_NETS),
       build_overhead_calls=7, convergence_steps=(1000, 400),
       convergence_bert_preset='mini',
       tpu_plans=(RESNET50_224PX, BERT_BASE_SEQ128))

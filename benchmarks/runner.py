@@ -298,7 +298,7 @@ def _throughput(spec, config, steps):
     return throughput.alternating_windows(
         variants, warmup_steps=config.warmup_steps,
         window_steps=config.steps_per_window(spec.name),
-        windows=config.windows)
+        windows=config.windows_for(spec.name))
   finally:
     for session in sessions.values():
       session.close()

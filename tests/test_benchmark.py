@@ -37,7 +37,8 @@ def _tiny_config():
                               memory_batch=256),)
   return configs.BenchmarkConfig(
       mode='quick', models=models, warmup_steps=1,
-      window_steps=(('mnist_mlp', 2),), windows=2, memory_rounds=2,
+      window_steps=(('mnist_mlp', 2),), windows=2,
+      model_windows=(('mnist_mlp', 3),), memory_rounds=2,
       max_search_measurements=2, overhead_batch_size=32,
       overhead_window_steps=2, overhead_windows=2, build_overhead_calls=2,
       adafactor_model='mnist_mlp', keras_batch_size=64, keras_window_steps=2)
@@ -83,7 +84,8 @@ def test_every_figure_of_the_issue_is_there(outputs):
     assert len(runs) == 2, variant
     assert row['peak_step_bytes'] == min(runs), variant
     assert _positive_finite(row['examples_per_sec']), variant
-    assert len(model['throughput_windows'][variant]) == 2
+    # The model's own number of windows, not the default two.
+    assert len(model['throughput_windows'][variant]) == 3
   # No search configured here beyond two measurements: a fitting batch.
   assert model['float32']['max_batch'] >= 64
   assert model['float32']['planner']['relative_error_at_batch'] is not None
