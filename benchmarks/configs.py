@@ -216,10 +216,10 @@ def quick_config():
                     ('mnist_mlp', 100), ('bert_style_mini_seq128', 3),
                     ('keras_style_64px', 24), ('slim_style_64px', 24)),
       warmup_steps=2, windows=4, max_search_measurements=0,
-      # A window of a small net takes a third of a second: twelve of them
-      # cost about 10 s a model and narrow its ratios' noise to about +-1%
-      # (+-3% with four), what telling 0.97 from 1.0 needs.
-      model_windows=tuple((name, 12) for name in _SMALL_NETS),
+      # A window of a small net takes a third of a second: ten of them
+      # cost about 7 s a model more than four and narrow its ratios' noise
+      # to about +-1% (+-3% with four), what telling 0.97 from 1.0 needs.
+      model_windows=tuple((name, 10) for name in _SMALL_NETS),
       # The judged memory (live tensors) moves by a few MiB at most between
       # rounds; more rounds only show how the allocator's peak moves (full
       # mode).
