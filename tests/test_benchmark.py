@@ -243,7 +243,11 @@ def test_targets_are_judged_from_the_numbers(outputs):
   vs_rewrite = results['models']['mnist_mlp']['ratios'][
       'throughput_vs_rewrite']
   speed = rows['throughput ours / TF oneDNN rewrite >= 1.0 (every model)']
-  assert ('mnist_mlp %.2f' % vs_rewrite) in speed['measured']
+  # With the spread of its paired windows, so a tie reads as one.
+  q1, q3 = results['models']['mnist_mlp']['ratios'][
+      'throughput_vs_rewrite_iqr']
+  assert ('mnist_mlp %.2f (IQR %.2f-%.2f)' % (vs_rewrite, q1, q3)
+         ) in speed['measured']
   active = results['env']['onednn_rewrite_active']
   if not native:
     assert speed['met'] is None and 'emulated' in speed['measured']
