@@ -551,7 +551,7 @@ def _rows_per_weight(op, weight_index):
   output's shape is not fully known (a dynamic batch).
   """
   shape = op.outputs[0].shape
-  if shape.rank is None or shape.rank < 2 or not shape.is_fully_defined():
+  if not shape.is_fully_defined() or shape.rank < 2:
     return None
   try:
     channels_first = op.get_attr('data_format').decode().startswith('NC')

@@ -324,9 +324,7 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
                                                            static=bool(rows))
     # The forward copy feeds only the forward op ...
     self.assertLen(forward_cast.outputs[0].consumers(), 1)
-    recasts = [op for op in graph.get_operations()
-               if op.type == 'Cast' and op.name.startswith('gradients/') and
-               op.inputs[0] is forward_cast.inputs[0]]
+    recasts = self._recasts(graph, forward_cast)
     self.assertLen(recasts, 1)
     # ... and the new one waits for the incoming gradient, so it runs in the
     # backward pass.
@@ -338,15 +336,12 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
       ('matmul', 'matmul'), ('conv', 'conv'), ('weights_first', 'weights_first'))
   def test_few_rows_keep_the_forward_copy(self, kind):
     # One row fewer than the threshold: casting the weights again would cost
-    # about what the backward matmul does, so the gradient reads the forward
-    # copy, as TensorFlow's own gradient would.
+    # a large share of the backward matmul, so the gradient reads the
+    # forward copy, as TensorFlow's own gradient would.
     got, want, forward_cast, graph = self._layer_gradients(
         kind, autocasting.RECAST_MIN_ROWS - 1, static=True)
     self.assertGreater(len(forward_cast.outputs[0].consumers()), 1)
-    self.assertEmpty([op for op in graph.get_operations()
-                      if op.type == 'Cast' and
-                      op.name.startswith('gradients/') and
-                      op.inputs[0] is forward_cast.inputs[0]])
+    self.assertEmpty(self._recasts(graph, forward_cast))
     for g, w in zip(got, want):
       self.assertAllEqual(g, w)
 
@@ -365,6 +360,12 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
       except ValueError:
         marked = None
       self.assertEqual(marked == b'EstimatorBf16RecastWeights', recast)
+
+  def _recasts(self, graph, forward_cast):
+    """Casts the backward pass makes of the variable read `forward_cast` casts."""
+    return [op for op in graph.get_operations()
+            if op.type == 'Cast' and op.name.startswith('gradients/') and
+            op.inputs[0] is forward_cast.inputs[0]]
 
   def _layer_gradients(self, kind, rows, static):
     """Gradients of one layer under autocast and written in bfloat16.
