@@ -62,6 +62,19 @@ _ORIGINAL_APPLY_OP = op_def_library._apply_op_helper  # pylint: disable=protecte
 _ORIGINAL_CONVERT = tensor_conversion_registry.convert
 
 
+# Fewest rows of activations a weight element must meet for the weight
+# recast (see autocast_gradients). The recast passes over the weights once
+# more (4 bytes read, 2 written an element); the backward matmul reading the
+# copy does one multiply-add per weight element and row. A dense layer on a
+# batch of 64 spends about as long on the cast as on that matmul (on the
+# 64x64 conv nets of the benchmark, 2% of the step); BERT-base's encoder
+# meets 4096 rows (batch x tokens) and ResNet-50's convolutions 1568 or more
+# (batch x positions), where the cast costs under 1% and frees 162 and 49
+# MiB. Their few-row layers (pooler, classifier, final dense) keep the
+# forward copy without raising the step's peak, which is elsewhere.
+RECAST_MIN_ROWS = 256
+
+
 class _ThreadState(threading.local):
   """What autocast knows on one thread; other threads see a fresh one."""
 
@@ -71,6 +84,7 @@ class _ThreadState(threading.local):
     self.busy = False    # True while autocast makes its own ops
     self.casts = {}      # (tensor ref, dtype, context id) -> cast tensor
     self.trainable = (None, -1, frozenset())  # graph, count, variable op names
+    self.recast_min_rows = RECAST_MIN_ROWS  # see recast_weights_at_any_batch
 
   def mode(self):
     """The rules in force: the strongest mode since the innermost 'off'."""
@@ -132,6 +146,24 @@ def autocast(precision):
   with _entered('bfloat16'), tf.compat.v1.variable_creator_scope(
       _float32_trainable_storage):
     yield
+
+
+@contextlib.contextmanager
+def recast_weights_at_any_batch():
+  """Context manager: the weight recast ignores `RECAST_MIN_ROWS` here.
+
+  For graphs built at a stand-in batch: the memory planner builds its
+  graphs at small batches and extrapolates to large ones, so every build
+  must make the recast decisions of a large batch, not some the one way
+  and some the other (a 4x4 stage meets 128 rows at batch 8 and 256 at
+  16). Only this thread's builds are affected, and only inside the block.
+  """
+  previous = _STATE.recast_min_rows
+  _STATE.recast_min_rows = 0
+  try:
+    yield
+  finally:
+    _STATE.recast_min_rows = previous
 
 
 @contextlib.contextmanager
@@ -530,19 +562,6 @@ def _in_tf1_control_flow():
   return graph._get_control_flow_context() is not None  # pylint: disable=protected-access
 
 
-# Fewest rows of activations a weight element must meet for the weight
-# recast (see autocast_gradients). The recast passes over the weights once
-# more (4 bytes read, 2 written an element); the backward matmul reading the
-# copy does one multiply-add per weight element and row. A dense layer on a
-# batch of 64 spends about as long on the cast as on that matmul (on the
-# 64x64 conv nets of the benchmark, 2% of the step); BERT-base's encoder
-# meets 4096 rows (batch x tokens) and ResNet-50's convolutions 1568 or more
-# (batch x positions), where the cast costs under 1% and frees 162 and 49
-# MiB. Their few-row layers (pooler, classifier, final dense) keep the
-# forward copy without raising the step's peak, which is elsewhere.
-RECAST_MIN_ROWS = 256
-
-
 def _rows_per_weight(op, weight_index):
   """How many activation rows each weight element of `op` meets, or None.
 
@@ -573,7 +592,8 @@ def _recast_weights_late(op):
 
   Not inside a TF1 control-flow context (`_in_tf1_control_flow`), and not
   where the weights meet fewer than `RECAST_MIN_ROWS` rows (statically
-  known), where the cast would cost more than the copy it frees is worth.
+  known), where the cast would cost more than the copy it frees is worth
+  (unless `recast_weights_at_any_batch` is in force).
   """
   if _in_tf1_control_flow():
     return
@@ -582,7 +602,7 @@ def _recast_weights_late(op):
   if not weights:
     return
   rows = _rows_per_weight(op, weights[0])
-  if rows is not None and rows < RECAST_MIN_ROWS:
+  if rows is not None and rows < _STATE.recast_min_rows:
     return
   autocast_gradients.recast_weights_in_gradient(op)
 

@@ -58,6 +58,7 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.grappler import tf_optimizer
 
+from estimator_bf16 import autocasting
 from estimator_bf16 import casting
 from estimator_bf16 import optimizers
 from estimator_bf16 import precision as precision_lib
@@ -422,7 +423,10 @@ def _build(builder, features, labels, precision, batch_size):
     feature_tensors = _placeholders(features, batch_size, dtype)
     label_tensors = (None if labels is None else
                      _placeholders(labels, batch_size, dtype))
-    loss, train_op = builder(feature_tensors, label_tensors, batch_size)
+    # Built at a small batch to stand for large ones: the weight recast is
+    # decided as for a large batch in every build (autocasting).
+    with autocasting.recast_weights_at_any_batch():
+      loss, train_op = builder(feature_tensors, label_tensors, batch_size)
   fetches = tuple(t.op if isinstance(t, tf.Tensor) else t
                   for t in (loss, train_op))
   build = _Build(graph, fetches, **variable_bytes(graph))

@@ -105,6 +105,29 @@ class ActivationBytesTest(parameterized.TestCase):
     large = _plan('bfloat16', batch_sizes=(16, 64))
     self.assertEqual(small.step_bytes(512), large.step_bytes(512))
 
+  def test_weight_recast_decided_alike_at_every_planning_batch(self):
+    # A conv on 4x4 inputs meets 16 rows an example: 128 at batch 8, 256
+    # at 16, either side of the recast's threshold. Both builds must make
+    # the large-batch decision, or they differ beyond their shapes and the
+    # line through them is wrong.
+    def conv_net(features, is_training):
+      del is_training
+      net = features['image']
+      for _ in range(3):
+        net = tf.compat.v1.layers.conv2d(net, 64, 3, padding='same',
+                                         activation=tf.nn.relu)
+      return tf.compat.v1.layers.dense(tf.compat.v1.layers.flatten(net), 10)
+
+    def plan(batch_sizes):
+      return memory_planner.memory_plan(
+          network_fn=conv_net, features={'image': tf.TensorSpec(
+              [4, 4, 8], tf.float32)}, precision='bfloat16',
+          optimizer='sgd', batch_sizes=batch_sizes)
+
+    straddling, above = plan((8, 16)), plan((32, 64))
+    self.assertGreater(straddling.bytes_per_example, 0)
+    self.assertEqual(straddling.step_bytes(512), above.step_bytes(512))
+
   def test_upcast_adds_float32_copies_only_in_bfloat16(self):
     fp32, bf16 = _plan('float32'), _plan('bfloat16')
     self.assertEqual(fp32.step_bytes(64, upcast=True), fp32.step_bytes(64))
