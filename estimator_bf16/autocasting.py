@@ -566,12 +566,24 @@ def _rows_per_weight(op, weight_index):
   """How many activation rows each weight element of `op` meets, or None.
 
   The output elements per output channel: the batch of a dense layer (its
-  input rows), batch x output positions of a convolution. None when the
-  output's shape is not fully known (a dynamic batch).
+  input rows), batch x output positions of a convolution; for an einsum,
+  the output dimensions the weights' subscripts do not name. None when the
+  output's shape is not fully known (a dynamic batch), or for an einsum
+  with an ellipsis.
   """
   shape = op.outputs[0].shape
   if not shape.is_fully_defined() or shape.rank < 2:
     return None
+  if op.type == 'Einsum':
+    inputs, output = op.get_attr('equation').decode().split('->')
+    if '.' in inputs + output:
+      return None
+    weight_labels = inputs.split(',')[weight_index]
+    rows = 1
+    for label, size in zip(output, shape.as_list()):
+      if label not in weight_labels:
+        rows *= size
+    return rows
   try:
     channels_first = op.get_attr('data_format').decode().startswith('NC')
   except ValueError:  # matmuls have no data_format

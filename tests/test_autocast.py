@@ -355,11 +355,35 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
       with eb.autocast('bfloat16'):
         y = tf.nn.conv2d(x, w, 1, 'SAME', data_format='NCHW')
       self.assertEqual(y.shape.as_list(), [1, 4, side, side])
-      try:
-        marked = y.op.get_attr('_gradient_op_type')
-      except ValueError:
-        marked = None
-      self.assertEqual(marked == b'EstimatorBf16RecastWeights', recast)
+      self.assertEqual(self._marked(y.op), recast)
+
+  # An einsum's rows are the output dimensions the weights' subscripts do
+  # not name (not its last axis); with an ellipsis they are not counted,
+  # and the copy is made again.
+  @parameterized.named_parameters(
+      ('heads_enough', 'bsh,hnd->bsnd', [2, 128, 16], [16, 4, 8], False,
+       True),
+      ('heads_few', 'bsh,hnd->bsnd', [1, 128, 16], [16, 4, 8], False, False),
+      ('weights_first_enough', 'hd,db->hb', [8, 256], [4, 8], True, True),
+      ('weights_first_few', 'hd,db->hb', [8, 255], [4, 8], True, False),
+      ('ellipsis', '...h,hd->...d', [1, 8, 16], [16, 8], False, True))
+  def test_einsum_counts_the_rows_its_equation_gives(
+      self, equation, x_shape, w_shape, weights_first, recast):
+    with tf.Graph().as_default():
+      x = _activation(np.zeros(x_shape))
+      w = tf.compat.v1.get_variable('w', w_shape)
+      with eb.autocast('bfloat16'):
+        y = (tf.einsum(equation, w, x) if weights_first
+             else tf.einsum(equation, x, w))
+      self.assertEqual(y.op.type, 'Einsum')
+      self.assertEqual(self._marked(y.op), recast)
+
+  def _marked(self, op):
+    """True if `op`'s gradient is the weight recast."""
+    try:
+      return op.get_attr('_gradient_op_type') == b'EstimatorBf16RecastWeights'
+    except ValueError:
+      return False
 
   def _recasts(self, graph, forward_cast):
     """Casts the backward pass makes of the variable read `forward_cast` casts."""
