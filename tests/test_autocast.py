@@ -510,9 +510,10 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_reference_variable_copy_is_kept(self):
     # A reference variable's read aliases the buffer the optimizer updates
-    # in place: a later cast could see the new weights.
+    # in place: a later cast could see the new weights. (Rows enough for a
+    # resource variable's copy to be made again.)
     with tf.Graph().as_default() as graph:
-      x = _activation(np.ones([4, 6]))
+      x = _activation(np.ones([autocasting.RECAST_MIN_ROWS, 6]))
       w = tf.compat.v1.get_variable('w', [6, 3], use_resource=False)
       with eb.autocast('bfloat16'):
         y = tf.matmul(x, w)
@@ -527,8 +528,9 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
                         op is not forward_cast.op])
 
   def test_gradient_override_of_the_model_stays(self):
+    # Rows enough for the recast to apply but for the model's own choice.
     with tf.Graph().as_default() as graph:
-      x = _activation(np.ones([4, 6]))
+      x = _activation(np.ones([autocasting.RECAST_MIN_ROWS, 6]))
       w = tf.compat.v1.get_variable('w', [6, 3])
       with eb.autocast('bfloat16'), graph.gradient_override_map(
           {'MatMul': 'Identity'}):
