@@ -323,7 +323,9 @@ def keras_comparison(config, out_dir):
              '--batch_size=%d' % config.keras_batch_size,
              '--warmup_steps=%d' % config.warmup_steps,
              '--window_steps=%d' % config.keras_window_steps,
-             '--windows=%d' % config.windows, '--out=' + path]
+             # The MLP's windows: its steps take milliseconds here too.
+             '--windows=%d' % config.windows_for('mnist_mlp'),
+             '--out=' + path]
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [root] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
