@@ -160,8 +160,11 @@ BERT_BASE_BATCH32 = ModelSpec('bert_base_seq128', 'bert', batch_size=32,
                               budget_mib=8192, memory_batch=64)
 
 
+# The model with a Keras version (benchmarks.keras_baseline).
+KERAS_MODEL = 'mnist_mlp'
+
 # The models whose steps take milliseconds here (see `model_windows`).
-_SMALL_NETS = ('mnist_mlp', 'keras_style_64px', 'slim_style_64px')
+_SMALL_NETS = (KERAS_MODEL, 'keras_style_64px', 'slim_style_64px')
 
 
 def _quick_models():

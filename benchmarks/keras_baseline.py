@@ -97,8 +97,8 @@ def keras_step_memory(policy, spec, batch_size):
 def run(batch_size, warmup_steps, window_steps, windows):
   """Measures ours and Keras's MLP; returns the JSON-ready dict."""
   step_memory.check_allocator_stats()
-  spec = configs.ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=batch_size,
-                           optimizer='adam')
+  spec = configs.ModelSpec(configs.KERAS_MODEL, 'mnist_mlp',
+                           batch_size=batch_size, optimizer='adam')
   results = {OURS: step_memory.measure_step_memory(
       graphs.build_train_step(spec, 'bfloat16', batch_size))}
   for name, policy in ((KERAS, 'mixed_bfloat16'),

@@ -15,6 +15,7 @@ import time
 
 from absl import logging
 
+from benchmarks import configs
 from benchmarks.configs import MiB
 from benchmarks import convergence
 from benchmarks import env as env_lib
@@ -324,7 +325,7 @@ def keras_comparison(config, out_dir):
              '--warmup_steps=%d' % config.warmup_steps,
              '--window_steps=%d' % config.keras_window_steps,
              # The MLP's windows: its steps take milliseconds here too.
-             '--windows=%d' % config.windows_for('mnist_mlp'),
+             '--windows=%d' % config.windows_for(configs.KERAS_MODEL),
              '--out=' + path]
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
