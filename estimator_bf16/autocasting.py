@@ -574,13 +574,14 @@ def _rows_per_weight(op, weight_index):
   shape = op.outputs[0].shape
   if not shape.is_fully_defined() or shape.rank < 2:
     return None
+  dims = shape.as_list()  # ints, also under TF1 behaviour (Dimensions)
   if op.type == 'Einsum':
     inputs, output = op.get_attr('equation').decode().split('->')
     if '.' in inputs + output:
       return None
     weight_labels = inputs.split(',')[weight_index]
     rows = 1
-    for label, size in zip(output, shape.as_list()):
+    for label, size in zip(output, dims):
       if label not in weight_labels:
         rows *= size
     return rows
@@ -596,7 +597,7 @@ def _rows_per_weight(op, weight_index):
     channel_axis = -2
   else:
     channel_axis = -1
-  return shape.num_elements() // max(shape[channel_axis], 1)
+  return shape.num_elements() // max(dims[channel_axis], 1)
 
 
 def _recast_weights_late(op):
