@@ -19,7 +19,11 @@ just before they are created, by op type (`estimator_bf16.op_lists`):
   `tf.nn.bias_add` makes of its bias) is a cast;
 * trainable variables requested in bfloat16 outside a variable scope (Keras
   layers without v2 dtype behaviour, `tf.Variable(..., dtype=bfloat16)`) are
-  stored float32, under the same name.
+  stored float32, under the same name;
+* the last multiply of a tanh GELU (BERT's feed-forward activation) gets a
+  gradient that reads only the GELU's input and its tanh
+  (`gelu_gradient`): the chain's other intermediates are freed in the
+  forward pass instead of being kept for the backward one.
 
 Casts are made once per tensor and reused; a float32 copy of a bfloat16
 tensor is never cast back, the bfloat16 original is used. The gradients of
@@ -45,6 +49,7 @@ from tensorflow.python.framework import tensor_conversion_registry
 
 from estimator_bf16 import autocast_gradients
 from estimator_bf16 import casting
+from estimator_bf16 import gelu_gradient
 from estimator_bf16 import op_lists
 from estimator_bf16 import patching
 from estimator_bf16 import precision as precision_lib
@@ -294,7 +299,10 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     # Also under the float32 list alone: its float32 results meet the
     # bfloat16 tensors they came from in the very next op.
     _unify_mixed_inputs(op_def, keywords)
-  return _ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+  result = _ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+  if mode == 'bfloat16' and op_type == 'Mul':
+    gelu_gradient.mark(result[2])
+  return result
 
 
 # ---------------------------------------------------------------------------

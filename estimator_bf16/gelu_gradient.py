@@ -1,0 +1,177 @@
+"""A GELU gradient that keeps two activations where TensorFlow keeps five.
+
+BERT's feed-forward activation is the tanh approximation of GELU, written
+out of elementwise ops (google-research/bert's `gelu`, `tf.nn.gelu(x,
+approximate=True)`):
+
+    y = 0.5 * x * (1 + tanh(c * (x + a * x**3)))
+
+TensorFlow differentiates it op by op, and each op's gradient keeps that
+op's inputs or output: `x`, `x**2` (for the power), `tanh`, `1 + tanh` and
+`0.5 * x` all live from the forward pass to the backward one. At the width of
+a feed-forward layer (4 x hidden) that is most of a transformer's saved
+activations: BERT-base at batch 32 keeps 5 x 24 MiB of them per layer in
+bfloat16.
+
+Autocast marks the chain's last multiply (`mark`); its gradient is then
+computed from `x` and the chain's `tanh` output alone,
+
+    dy/dx = 0.5 * (1 + t) * (1 + x * (1 - t) * (c + 3 * a * c * x**2)),
+
+and the chain itself gets no gradient, so its other intermediates are freed
+during the forward pass. The backward pass runs as many elementwise ops as
+TensorFlow's own (ten), in the chain's dtype, with the constants the chain
+was built with.
+"""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+
+from estimator_bf16 import autocast_gradients
+
+_GRADIENT = 'EstimatorBf16TanhGelu'
+_ADDS = frozenset(['Add', 'AddV2'])
+
+# What the gradient needs of a matched chain: the input `x`, the `tanh`
+# output `t`, the constants `a` and `c`, which input of the final multiply
+# carries `x` (`x_side`: 0 or 1) and the factor `scale` that input is of `x`
+# (`0.5` for `(0.5 * x) * (1 + t)`, `1` for `x * (0.5 * (1 + t))`).
+TanhGelu = collections.namedtuple('TanhGelu', 'x t a c x_side scale')
+
+
+def _scalar(tensor):
+  """The value of a constant scalar (or one-element) tensor, else None."""
+  value = tf.get_static_value(tensor)
+  if value is None or np.size(value) != 1:
+    return None
+  return float(np.reshape(value, []))
+
+
+def _split_scale(tensor):
+  """(k, t) with `tensor = k * t` for a constant scalar k; (1, tensor) else."""
+  if tensor.op.type == 'Mul':
+    first, second = tensor.op.inputs
+    for constant, other in ((first, second), (second, first)):
+      value = _scalar(constant)
+      if value is not None:
+        return value, other
+  return 1.0, tensor
+
+
+def _split_offset(tensor):
+  """(b, t) with `tensor = b + t` for a constant scalar b, else None."""
+  if tensor.op.type in _ADDS:
+    first, second = tensor.op.inputs
+    for constant, other in ((first, second), (second, first)):
+      value = _scalar(constant)
+      if value is not None:
+        return value, other
+  return None
+
+
+def _same(first, second):
+  """True if both name one tensor (graph tensors compare by identity)."""
+  return first.graph is second.graph and first.name == second.name
+
+
+def _is_cube_of(tensor, x):
+  """True if `tensor` is `pow(x, 3)` or a product of three `x`."""
+  if tensor.op.type == 'Pow':
+    base, exponent = tensor.op.inputs
+    return _same(base, x) and _scalar(exponent) == 3.0
+  factors, stack = [], [tensor]
+  while stack and len(factors) <= 3:
+    item = stack.pop()
+    if item.op.type == 'Mul' and not _same(item, x):
+      stack.extend(item.op.inputs)
+    elif item.op.type == 'Square' and not _same(item, x):
+      stack.extend([item.op.inputs[0]] * 2)
+    else:
+      factors.append(item)
+  return not stack and len(factors) == 3 and all(_same(f, x) for f in factors)
+
+
+def _tanh_argument(tanh, x):
+  """(a, c) if `tanh`'s input is `c * (x + a * x**3)`, else None."""
+  c, inner = _split_scale(tanh.op.inputs[0])
+  if inner.op.type not in _ADDS:
+    return None
+  first, second = inner.op.inputs
+  for linear, cubic in ((first, second), (second, first)):
+    if not _same(linear, x):
+      continue
+    a, cube = _split_scale(cubic)
+    if _is_cube_of(cube, x):
+      return a, c
+  return None
+
+
+def match(op):
+  """The `TanhGelu` that `op` completes, or None.
+
+  Args:
+    op: a `Mul` op; its inputs may be `(k1 * x, k2 * (1 + t))` in either
+      order, with `k1 * k2 = 0.5` and `t = tanh(c * (x + a * x**3))`.
+
+  Returns:
+    A `TanhGelu`, or None if `op` is anything else.
+  """
+  if op.type != 'Mul' or not op.outputs[0].dtype.is_floating:
+    return None
+  for x_side in (0, 1):
+    scale, x = _split_scale(op.inputs[x_side])
+    factor, one_plus = _split_scale(op.inputs[1 - x_side])
+    offset = _split_offset(one_plus)
+    if offset is None or offset[0] != 1.0 or offset[1].op.type != 'Tanh':
+      continue
+    tanh = offset[1]
+    if scale * factor != 0.5:
+      continue
+    constants = _tanh_argument(tanh, x)
+    if constants is not None:
+      return TanhGelu(x, tanh, constants[0], constants[1], x_side, scale)
+  return None
+
+
+def mark(op):
+  """Gives `op` the two-activation gradient if it completes a tanh GELU.
+
+  A gradient the model chose for `op` (`gradient_override_map`) stays.
+
+  Returns:
+    True if `op` was marked.
+  """
+  if match(op) is None:
+    return False
+  autocast_gradients.set_gradient(op, _GRADIENT)
+  return True
+
+
+@tf.RegisterGradient(_GRADIENT)
+def _tanh_gelu_gradient(op, grad):
+  """d(GELU)/dx from `x` and `tanh`; no gradient through the chain.
+
+  Returns the gradient of the multiply's `x` side divided by that side's
+  factor of `x` (TensorFlow's gradient of `k * x` multiplies it back), and
+  None for the `1 + tanh` side, so the chain's other ops get no gradient.
+  """
+  gelu = match(op)
+  if gelu is None:
+    raise ValueError('Op %s no longer matches a tanh GELU.' % op.name)
+  dtype = gelu.x.dtype.base_dtype
+  constant = lambda value: tf.constant(value, dtype)
+  # Built after the incoming gradient exists: otherwise these ops, which
+  # read only forward tensors, would run in the forward pass and hold their
+  # results until now.
+  with autocast_gradients.after_gradients([grad]):
+    x, t = gelu.x, gelu.t
+    slope = x * x * constant(3.0 * gelu.a * gelu.c) + constant(gelu.c)
+    inner = x * slope * (constant(1.0) - t) + constant(1.0)
+    outer = t + constant(1.0)
+    if gelu.scale != 0.5:
+      outer *= constant(0.5 / gelu.scale)
+  grads = [None, None]
+  grads[gelu.x_side] = tf.cast(grad, dtype) * (outer * inner)
+  return grads

@@ -1,0 +1,230 @@
+"""Tests for the tanh-GELU gradient that reads only `x` and `tanh`."""
+
+import math
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from estimator_bf16 import gelu_gradient
+import estimator_bf16 as eb
+
+BF16 = tf.bfloat16
+_C = math.sqrt(2.0 / math.pi)
+_A = 0.044715
+# The forms public code writes it in.
+_GELUS = (
+    # google-research/bert modeling.py.
+    ('bert', lambda x: x * (0.5 * (1.0 + tf.tanh(
+        np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3)))))),
+    # tf.nn.gelu / Keras' gelu: (0.5 * x) * (1 + tanh(...)).
+    ('tf_nn', lambda x: tf.nn.gelu(x, approximate=True)),
+    # Constants after the tensors, the cube as products.
+    ('reordered', lambda x: (1.0 + tf.tanh(
+        ((x * x * x) * 0.044715 + x) * _C)) * (x * 0.5)),
+)
+
+
+def setUpModule():
+  tf.compat.v1.disable_eager_execution()
+
+
+def _gelu_prime(x):
+  """float64 derivative of the tanh approximation."""
+  t = np.tanh(_C * (x + _A * x**3))
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _C * (1 + 3 * _A * x * x)
+
+
+def _chain_ops(graph, y, x):
+  """Forward ops between `x` and `y` (the GELU's intermediates), not `y`."""
+  between, stack = set(), [y.op]
+  while stack:
+    op = stack.pop()
+    for tensor in op.inputs:
+      if tensor.op not in between and tensor.name != x.name and (
+          not tensor.op.name.startswith('gradients') and
+          tensor.op.type not in ('Const', 'Cast')):
+        between.add(tensor.op)
+        stack.append(tensor.op)
+  between.discard(x.op)
+  return [op for op in between if op.graph is graph]
+
+
+def _waits_for_control_input(op, scope):
+  """True if `op` or an input made in `scope` has a control input.
+
+  TensorFlow gives an op made under `control_dependencies` no control input
+  of its own when one of its inputs was made there too (a constant).
+  """
+  if op.control_inputs:
+    return True
+  return any(_waits_for_control_input(tensor.op, scope) for tensor in op.inputs
+             if tensor.op.name.startswith(scope))
+
+
+class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
+
+  def _build(self, gelu, precision, extra_loss=None):
+    """A bfloat16 input through `gelu`, and a loss weighting each output.
+
+    Returns:
+      (graph, x, y, float32 dloss/dx, float64 weights of the loss).
+    """
+    rng = np.random.RandomState(0)
+    weights = rng.randn(16, 24)
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf.identity(tf.constant(3 * rng.randn(16, 24), BF16))
+      with eb.autocast(precision):
+        y = gelu(x)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) *
+                             tf.constant(weights, tf.float32))
+        if extra_loss is not None:
+          loss += extra_loss(y)
+        grad = tf.gradients(loss, x)[0]
+      grad = tf.cast(grad, tf.float32)
+    return graph, x, y, grad, weights.astype(np.float32).astype(np.float64)
+
+  def _values(self, graph, *tensors):
+    with self.session(graph=graph) as sess:
+      return sess.run([tf.cast(t, tf.float32) for t in tensors])
+
+  @parameterized.named_parameters(*_GELUS)
+  def test_gradient_reads_only_x_and_tanh(self, gelu):
+    graph, x, y, _, _ = self._build(gelu, 'bfloat16')
+    self.assertEqual(y.op.get_attr('_gradient_op_type'),
+                     b'EstimatorBf16TanhGelu')
+    (tanh,) = [op for op in graph.get_operations() if op.type == 'Tanh']
+    # No gradient op reads any of the chain's intermediates but tanh's
+    # output: they are freed during the forward pass.
+    chain = _chain_ops(graph, y, x)
+    self.assertIn(tanh, chain)
+    read_late = sorted(
+        op.name for op in chain if op is not tanh and any(
+            consumer.name.startswith('gradients')
+            for t in op.outputs for consumer in t.consumers()))
+    self.assertEqual(read_late, [])
+    # The derivative's ops wait for the incoming gradient (they would
+    # otherwise run, and hold their results, in the forward pass).
+    scope = 'gradients/%s_grad/' % y.op.name
+    readers = {op for tensor in (x, tanh.outputs[0])
+               for op in tensor.consumers() if op.name.startswith(scope)}
+    self.assertLen(readers, 4)  # x * x, x * slope, 1 - t, t + 1
+    for op in readers:
+      self.assertTrue(_waits_for_control_input(op, scope), op.name)
+
+  @parameterized.named_parameters(*_GELUS)
+  def test_gradient_values_match_float64(self, gelu):
+    graph, x, _, grad, weights = self._build(gelu, 'bfloat16')
+    x_values, got = self._values(graph, x, grad)
+    want = _gelu_prime(x_values.astype(np.float64)) * weights
+    # bfloat16 keeps 8 significant bits: each of the few ops in the
+    # derivative rounds at 2**-9 relative, and so does the product with
+    # the incoming gradient.
+    self.assertAllClose(got, want, atol=0.02 * np.abs(want).max(), rtol=0.02)
+
+  @parameterized.named_parameters(*_GELUS)
+  def test_float32_chain_gets_the_float64_derivative(self, gelu):
+    # A chain the model keeps in float32 is marked too; in float32 the
+    # derivative's formula is checked to float32 precision.
+    rng = np.random.RandomState(3)
+    x_values = 2 * rng.randn(64, 8)
+    with tf.Graph().as_default() as graph:
+      x = tf.identity(tf.constant(x_values, tf.float32))
+      with eb.autocast('bfloat16'):
+        y = gelu(x)
+        grad = tf.gradients(tf.reduce_sum(y), x)[0]
+      self.assertEqual(y.dtype, tf.float32)
+      self.assertEqual(y.op.get_attr('_gradient_op_type'),
+                       b'EstimatorBf16TanhGelu')
+    (got,) = self._values(graph, grad)
+    x64 = x_values.astype(np.float32).astype(np.float64)
+    self.assertAllClose(got, _gelu_prime(x64), rtol=1e-5, atol=1e-5)
+
+  @parameterized.named_parameters(*_GELUS)
+  def test_close_to_tensorflows_own_bfloat16_gradient(self, gelu):
+    # The same bfloat16 chain without autocast: the op-by-op bfloat16
+    # gradient TensorFlow computes.
+    graph, _, _, got, _ = self._build(gelu, 'bfloat16')
+    (got,) = self._values(graph, got)
+    graph, _, y, want, _ = self._build(gelu, 'float32')
+    self.assertNotIn('_gradient_op_type', y.op.node_def.attr)
+    (want,) = self._values(graph, want)
+    self.assertAllClose(got, want, atol=0.03 * np.abs(want).max())
+
+  def test_intermediate_used_elsewhere_still_gets_its_gradient(self):
+    # The model also reads tanh: that path keeps TensorFlow's gradient and
+    # adds to the marked one.
+    def gelu(x):
+      return tf.nn.gelu(x, approximate=True)
+
+    def tanh_penalty(y):
+      (tanh,) = [op for op in y.graph.get_operations() if op.type == 'Tanh']
+      return tf.reduce_sum(tf.cast(tanh.outputs[0], tf.float32))
+
+    graph, x, _, got, weights = self._build(gelu, 'bfloat16', tanh_penalty)
+    x_values, got = self._values(graph, x, got)
+    x64 = x_values.astype(np.float64)
+    t = np.tanh(_C * (x64 + _A * x64**3))
+    want = (_gelu_prime(x64) * weights +
+            (1 - t * t) * _C * (1 + 3 * _A * x64 * x64))
+    self.assertAllClose(got, want, atol=0.02 * np.abs(want).max(), rtol=0.02)
+
+  @parameterized.named_parameters(
+      ('other_tensor_inside', lambda x, z: 0.5 * x * (1.0 + tf.tanh(
+          _C * (z + 0.044715 * tf.pow(x, 3))))),
+      ('square_not_cube', lambda x, z: 0.5 * x * (1.0 + tf.tanh(
+          _C * (x + 0.044715 * tf.pow(x, 2))))),
+      ('offset_two', lambda x, z: 0.5 * x * (2.0 + tf.tanh(
+          _C * (x + 0.044715 * tf.pow(x, 3))))),
+      ('no_half', lambda x, z: x * (1.0 + tf.tanh(
+          _C * (x + 0.044715 * tf.pow(x, 3))))),
+      ('other_outer_tensor', lambda x, z: 0.5 * z * (1.0 + tf.tanh(
+          _C * (x + 0.044715 * tf.pow(x, 3))))),
+      ('sigmoid', lambda x, z: 0.5 * x * (1.0 + tf.sigmoid(
+          _C * (x + 0.044715 * tf.pow(x, 3))))))
+  def test_other_expressions_keep_tensorflows_gradient(self, fn):
+    rng = np.random.RandomState(1)
+    with tf.Graph().as_default() as graph:
+      x = tf.identity(tf.constant(rng.randn(8, 4), BF16))
+      z = tf.identity(tf.constant(rng.randn(8, 4), BF16))
+      with eb.autocast('bfloat16'):
+        y = fn(x, z)
+      self.assertIsNone(gelu_gradient.match(y.op))
+      marked = [op.name for op in graph.get_operations()
+                if '_gradient_op_type' in op.node_def.attr]
+      self.assertEqual(marked, [])
+
+  def test_model_gradient_override_stays(self):
+    with tf.Graph().as_default() as graph:
+      x = tf.identity(tf.constant([[1.0, -2.0]], BF16))
+      with eb.autocast('bfloat16'), graph.gradient_override_map(
+          {'Mul': 'ModelOwnMul'}):
+        y = tf.nn.gelu(x, approximate=True)
+      self.assertIsNotNone(gelu_gradient.match(y.op))
+      self.assertEqual(y.op.get_attr('_gradient_op_type'), b'ModelOwnMul')
+
+  def test_training_step_in_a_while_loop(self):
+    # TF1 control flow (as TPUEstimator's iterations_per_loop builds): the
+    # recomputation sits in the gradient loop and waits for its gradient.
+    rng = np.random.RandomState(2)
+    x_values = rng.randn(8, 4)
+    with tf.Graph().as_default():
+      tf.compat.v1.disable_control_flow_v2()
+      try:
+        x = tf.identity(tf.constant(x_values, BF16))
+
+        def body(i, value):
+          return i + 1, tf.nn.gelu(value, approximate=True)
+
+        with eb.autocast('bfloat16'):
+          y = tf.compat.v1.while_loop(lambda i, _: i < 2, body, [0, x])[1]
+          grad = tf.gradients(tf.reduce_sum(tf.cast(y, tf.float32)), x)[0]
+        with self.cached_session() as sess:
+          got = sess.run(tf.cast(grad, tf.float32))
+      finally:
+        tf.compat.v1.enable_control_flow_v2()
+    x64 = x_values.astype(np.float32).astype(np.float64)
+    once = 0.5 * x64 * (1 + np.tanh(_C * (x64 + _A * x64**3)))
+    want = _gelu_prime(once) * _gelu_prime(x64)
+    self.assertAllClose(got, want, atol=0.03 * np.abs(want).max(), rtol=0.03)
