@@ -206,6 +206,27 @@ def session_target(strategy, config):
   return server.target
 
 
+def collective_timeout(strategy):
+  """Seconds a collective op of `strategy` waits for peers, or None.
+
+  None for a strategy without collectives or without a timeout (TensorFlow
+  then waits for ever).
+  """
+  options = getattr(strategy.extended, '_communication_options', None)
+  timeout = getattr(options, 'timeout_seconds', None)
+  return float(timeout) if timeout else None
+
+
+def suspects(strategy):
+  """The other training tasks, as a message names them.
+
+  When a collective waits, they are the only suspects: 'worker:0', or
+  'one of worker:0, worker:1'.
+  """
+  others = _peers(strategy)
+  return others[0] if len(others) == 1 else 'one of %s' % ', '.join(others)
+
+
 def _peers(strategy):
   """'job:index' of every training task but this one, sorted."""
   me = _task(strategy)
@@ -244,8 +265,7 @@ def explain(error, strategy):
   if others:
     named = ', '.join('%s:%d' % task for task in others)
   else:
-    peers = _peers(strategy)
-    named = peers[0] if len(peers) == 1 else 'one of %s' % ', '.join(peers)
+    named = suspects(strategy)
   first_line = message.strip().splitlines()[0] if message.strip() else ''
   return WorkerFailure(
       'Task %s stopped: %s did not answer (%s: %s). A multi-worker job '

@@ -31,6 +31,7 @@ from estimator_bf16.compat import distribute
 from estimator_bf16.compat import estimator_spec as spec_lib
 from estimator_bf16.compat import export as export_lib
 from estimator_bf16.compat import inputs
+from estimator_bf16.compat import step_deadline
 
 ModeKeys = spec_lib.ModeKeys
 # What tf.distribute's own sessions use when asked to save by time.
@@ -315,6 +316,15 @@ class Estimator(object):
         all_hooks.append(tf.compat.v1.train.StopAtStepHook(
             num_steps=steps, last_step=max_steps))
       all_hooks += input_hooks + list(spec.training_hooks) + list(hooks or [])
+      deadline = None
+      timeout = strategy is not None and distribute.is_multi_worker(
+          strategy) and distribute.collective_timeout(strategy)
+      if timeout:
+        # First: its step window then holds only the session.run.
+        deadline = step_deadline.StepDeadlineHook(
+            timeout, distribute.task_name(strategy),
+            distribute.suspects(strategy))
+        all_hooks.insert(0, deadline)
       if every:
         all_hooks.append(tf.compat.v1.train.LoggingTensorHook(
             {'loss': spec.loss, 'step': global_step}, every_n_iter=every))
@@ -370,6 +380,9 @@ class Estimator(object):
         if failure:
           raise failure from e
         raise
+      finally:
+        if deadline:
+          deadline.stop()
     return self
 
   def _add_saver(self, scaffold):

@@ -1,0 +1,133 @@
+"""A backstop for multi-worker training: a step that never returns ends the task.
+
+A collective op that waits for a silent peer fails after the strategy's
+timeout, and the task then reports the peer and exits (`distribute.explain`).
+That covers a dead peer and most hung ones, but not every wait: a task
+stopped with SIGSTOP keeps its connections open, and a step has been seen
+to wait out two collective timeouts and then keep waiting. The job then
+hangs with every task alive, and nothing in it notices.
+
+`StepDeadlineHook` watches each `session.run` from a thread of its own.
+Once a first step has finished (the first one also sets up the collectives
+and may wait for slow peers to start), a step that has not returned after
+
+    3 x the collective timeout + 4 x the slowest step so far
+
+ends the process with status 1 after printing why, naming the peers. The
+launcher (or the cluster manager) then stops the other tasks, and running
+the job again resumes from the chief's last checkpoint. Three timeouts
+leave the collectives time to fail on their own first, which gives the
+more precise message.
+"""
+
+import os
+import sys
+import threading
+import time
+
+from absl import logging
+import tensorflow as tf
+
+# Status of a task that the backstop ends (a failure, as for a raised error).
+EXIT_STATUS = 1
+_TIMEOUTS = 3
+_SLOWEST_STEPS = 4
+
+
+def deadline_secs(timeout_secs, slowest_step_secs):
+  """Seconds a step may run before the backstop ends the task (float)."""
+  return _TIMEOUTS * timeout_secs + _SLOWEST_STEPS * slowest_step_secs
+
+
+class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
+  """Ends the process when a training step outlives `deadline_secs`.
+
+  Args:
+    timeout_secs: the collective timeout of the strategy (seconds, > 0).
+    task: this task's name ('chief:0'), for the message.
+    suspects: the other training tasks, as the message names them
+      (`distribute.suspects`).
+    clock: seconds, monotonic (tests pass a fake).
+    exit_fn: called with the status once the message is printed (default
+      `os._exit`: the main thread is blocked inside TensorFlow, so only an
+      exit of the whole process ends it).
+    poll_secs: how often the watcher thread looks at the clock.
+  """
+
+  def __init__(self, timeout_secs, task, suspects, clock=time.monotonic,
+               exit_fn=None, poll_secs=1.0):
+    if not timeout_secs or timeout_secs <= 0:
+      raise ValueError('timeout_secs must be > 0, got %r.' % (timeout_secs,))
+    self._timeout_secs = float(timeout_secs)
+    self._task = task
+    self._suspects = suspects
+    self._clock = clock
+    self._exit_fn = exit_fn or _hard_exit
+    self._poll_secs = poll_secs
+    self._lock = threading.Lock()
+    self._started = None   # clock time the running step started, or None
+    self._steps = 0
+    self._slowest = 0.0
+    self._stop = threading.Event()
+    self._thread = None
+    self.message = None    # set when the backstop fired
+
+  def begin(self):
+    self._stop.clear()
+    self._thread = threading.Thread(target=self._watch, daemon=True,
+                                    name='estimator_bf16_step_deadline')
+    self._thread.start()
+
+  def before_run(self, run_context):
+    with self._lock:
+      self._started = self._clock()
+    return None
+
+  def after_run(self, run_context, run_values):
+    with self._lock:
+      # The first step's time (setup, waiting for peers to start) says
+      # nothing about the others'.
+      if self._started is not None and self._steps:
+        self._slowest = max(self._slowest, self._clock() - self._started)
+      self._started = None
+      self._steps += 1
+
+  def end(self, session):
+    self.stop()
+
+  def stop(self):
+    """Stops watching (also when training ends by an error)."""
+    self._stop.set()
+
+  def check(self):
+    """Fires if the running step is past its deadline; True if it fired."""
+    with self._lock:
+      if self._started is None or self._steps == 0 or self.message:
+        return False
+      limit = deadline_secs(self._timeout_secs, self._slowest)
+      waited = self._clock() - self._started
+      if waited <= limit:
+        return False
+      self.message = (
+          'Task %s stopped: no training step finished in %.0f s (%g x the '
+          '%g s collective timeout + %g x the slowest step, %.1f s): %s is '
+          'hung or unreachable and its collectives neither completed nor '
+          'timed out. A multi-worker job stops when one task fails; run the '
+          'same command again to resume all tasks from the chief\'s last '
+          'checkpoint.' % (self._task, waited, _TIMEOUTS, self._timeout_secs,
+                           _SLOWEST_STEPS, self._slowest, self._suspects))
+    logging.error('%s', self.message)
+    sys.stderr.write('error: %s\n' % self.message)
+    sys.stderr.flush()
+    self._exit_fn(EXIT_STATUS)
+    return True
+
+  def _watch(self):
+    while not self._stop.wait(self._poll_secs):
+      if self.check():
+        return
+
+
+def _hard_exit(status):
+  logging.flush()
+  os._exit(status)  # pylint: disable=protected-access
