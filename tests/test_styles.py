@@ -9,7 +9,6 @@ model_dir continues float32 -> bfloat16 -> float32.
 """
 
 import os
-import tempfile
 
 from absl.testing import parameterized
 import numpy as np
@@ -145,7 +144,7 @@ class StyleTrainingTest(tf.test.TestCase, parameterized.TestCase):
   def test_bfloat16_trains_like_float32(self, style):
     results = {}
     for precision in eb.PRECISIONS:
-      model_dir = tempfile.mkdtemp(prefix='%s_%s' % (style, precision))
+      model_dir = self.create_tempdir().full_path
       results[precision] = _train_and_evaluate(style, model_dir, precision,
                                                TRAIN_STEPS)
     (loss32, accuracy32), (loss16, accuracy16) = (
@@ -156,7 +155,7 @@ class StyleTrainingTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*STYLE_NAMES)
   def test_checkpoint_round_trip_float32_bfloat16_float32(self, style):
-    model_dir = tempfile.mkdtemp(prefix='%s_roundtrip' % style)
+    model_dir = self.create_tempdir().full_path
     seen = []
     for steps, precision in ((20, 'float32'), (40, 'bfloat16'),
                              (60, 'float32')):
