@@ -7,11 +7,13 @@ approximate=True)`):
     y = 0.5 * x * (1 + tanh(c * (x + a * x**3)))
 
 TensorFlow differentiates it op by op, and each op's gradient keeps that
-op's inputs or output: `x`, `x**2` (for the power), `tanh`, `1 + tanh` and
-`0.5 * x` all live from the forward pass to the backward one. At the width of
-a feed-forward layer (4 x hidden) that is most of a transformer's saved
-activations: BERT-base at batch 32 keeps 5 x 24 MiB of them per layer in
-bfloat16.
+op's inputs or output: besides `x` and `y` (which the next matmul's gradient
+reads), `tanh`, `1 + tanh` or `0.5 * (1 + tanh)`, `0.5 * x` in the
+`(0.5 * x) * (1 + tanh)` form, and whatever the power's gradient reads live
+from the forward pass to the backward one. In a traced step of the
+BERT-style model that was five tensors of the feed-forward width (4 x
+hidden) per layer at the step's peak, most of a transformer's saved
+activations (BERT-base at batch 32: 24 MiB each, per layer, in bfloat16).
 
 Autocast marks the chain's last multiply (`mark`); its gradient is then
 computed from `x` and the chain's `tanh` output alone,
@@ -19,15 +21,18 @@ computed from `x` and the chain's `tanh` output alone,
     dy/dx = 0.5 * (1 + t) * (1 + x * (1 - t) * (c + 3 * a * c * x**2)),
 
 and the chain itself gets no gradient, so its other intermediates are freed
-during the forward pass. The backward pass runs as many elementwise ops as
+during the forward pass: the traced step keeps three tensors a layer (`x`,
+`tanh`, `y`). The backward pass runs as many elementwise ops as
 TensorFlow's own (ten), in the chain's dtype, with the constants the chain
-was built with.
+was built with. What else reads the chain's intermediates keeps
+TensorFlow's gradient; but asked for directly, `tf.gradients(loss, tanh)`
+now finds no path through the marked multiply.
 """
 
 import collections
 
-import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
 
 from estimator_bf16 import autocast_gradients
 
@@ -42,15 +47,21 @@ TanhGelu = collections.namedtuple('TanhGelu', 'x t a c x_side scale')
 
 
 def _scalar(tensor):
-  """The value of a constant scalar (or one-element) tensor, else None."""
-  value = tf.get_static_value(tensor)
-  if value is None or np.size(value) != 1:
+  """The value of a constant scalar (rank 0) tensor, else None.
+
+  Rank 0 only: a `[[0.5]]` factor would broadcast `y` to a higher rank than
+  the multiply's input, which the gradient must not change.
+  """
+  if tensor.shape.rank != 0:
     return None
-  return float(np.reshape(value, []))
+  value = tf.get_static_value(tensor)
+  return None if value is None else float(value)
 
 
 def _split_scale(tensor):
   """(k, t) with `tensor = k * t` for a constant scalar k; (1, tensor) else."""
+  if tensor.op.type == 'Neg':
+    return -1.0, tensor.op.inputs[0]
   if tensor.op.type == 'Mul':
     first, second = tensor.op.inputs
     for constant, other in ((first, second), (second, first)):
@@ -159,7 +170,9 @@ def _tanh_gelu_gradient(op, grad):
   """
   gelu = match(op)
   if gelu is None:
-    raise ValueError('Op %s no longer matches a tanh GELU.' % op.name)
+    # Marked ops matched when made, and their inputs do not change; should
+    # one not match any more, TensorFlow's own gradient is still right.
+    return tf_ops.gradient_registry.lookup('Mul')(op, grad)
   dtype = gelu.x.dtype.base_dtype
   constant = lambda value: tf.constant(value, dtype)
   # Built after the incoming gradient exists: otherwise these ops, which

@@ -22,6 +22,9 @@ _GELUS = (
     # Constants after the tensors, the cube as products.
     ('reordered', lambda x: (1.0 + tf.tanh(
         ((x * x * x) * 0.044715 + x) * _C)) * (x * 0.5)),
+    # Factors other than 0.5 and 1 on each side, the cube through Square.
+    ('negated', lambda x: (-x) * (-0.5 * (1.0 + tf.tanh(
+        _C * (x + 0.044715 * (tf.square(x) * x)))))),
 )
 
 
@@ -182,7 +185,12 @@ class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
       ('other_outer_tensor', lambda x, z: 0.5 * z * (1.0 + tf.tanh(
           _C * (x + 0.044715 * tf.pow(x, 3))))),
       ('sigmoid', lambda x, z: 0.5 * x * (1.0 + tf.sigmoid(
-          _C * (x + 0.044715 * tf.pow(x, 3))))))
+          _C * (x + 0.044715 * tf.pow(x, 3))))),
+      ('cube_of_two_tensors', lambda x, z: 0.5 * x * (1.0 + tf.tanh(
+          _C * (x + 0.044715 * (x * x * z))))),
+      # A [1, 1] factor broadcasts a rank-1 x to rank 2.
+      ('rank_two_half', lambda x, z: tf.constant([[0.5]], BF16) * x[0] * (
+          1.0 + tf.tanh(_C * (x[0] + 0.044715 * tf.pow(x[0], 3))))))
   def test_other_expressions_keep_tensorflows_gradient(self, fn):
     rng = np.random.RandomState(1)
     with tf.Graph().as_default() as graph:
@@ -194,6 +202,22 @@ class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
       marked = [op.name for op in graph.get_operations()
                 if '_gradient_op_type' in op.node_def.attr]
       self.assertEqual(marked, [])
+
+  def test_functional_cond_gets_the_gradient(self):
+    # TensorFlow 2's cond (the default) builds its branches as functions.
+    rng = np.random.RandomState(4)
+    x_values = rng.randn(8, 4)
+    with tf.Graph().as_default():
+      x = tf.identity(tf.constant(x_values, BF16))
+      with eb.autocast('bfloat16'):
+        y = tf.compat.v1.cond(tf.identity(tf.constant(True)),
+                              lambda: tf.nn.gelu(x, approximate=True),
+                              lambda: x)
+        grad = tf.gradients(tf.reduce_sum(tf.cast(y, tf.float32)), x)[0]
+      with self.cached_session() as sess:
+        got = sess.run(tf.cast(grad, tf.float32))
+    x64 = x_values.astype(np.float32).astype(np.float64)
+    self.assertAllClose(got, _gelu_prime(x64), atol=0.03, rtol=0.03)
 
   def test_model_gradient_override_stays(self):
     with tf.Graph().as_default() as graph:
@@ -210,6 +234,7 @@ class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
     rng = np.random.RandomState(2)
     x_values = rng.randn(8, 4)
     with tf.Graph().as_default():
+      was_v2 = tf.compat.v1.control_flow_v2_enabled()
       tf.compat.v1.disable_control_flow_v2()
       try:
         x = tf.identity(tf.constant(x_values, BF16))
@@ -223,7 +248,8 @@ class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
         with self.cached_session() as sess:
           got = sess.run(tf.cast(grad, tf.float32))
       finally:
-        tf.compat.v1.enable_control_flow_v2()
+        if was_v2:
+          tf.compat.v1.enable_control_flow_v2()
     x64 = x_values.astype(np.float32).astype(np.float64)
     once = 0.5 * x64 * (1 + np.tanh(_C * (x64 + _A * x64**3)))
     want = _gelu_prime(once) * _gelu_prime(x64)
