@@ -1,9 +1,11 @@
 """Tests for the multi-worker step backstop (compat/step_deadline.py)."""
 
+import json
 import threading
 
 import tensorflow as tf
 
+from estimator_bf16 import strategies
 from estimator_bf16.compat import step_deadline
 
 _TIMEOUT = 20.0
@@ -75,22 +77,30 @@ class StepDeadlineHookTest(tf.test.TestCase):
     self.assertFalse(hook.check())
     self.assertEqual(exits, [])
 
-  def test_watcher_thread_fires_and_stops(self):
+  def test_watcher_thread_ends_when_stopped(self):
+    hook, clock, exits = self._hook(poll_secs=0.01)
+    hook.after_create_session(None, None)
+    self._step(hook, clock, 1.0)
+    thread = hook._thread  # pylint: disable=protected-access
+    self.assertTrue(thread.is_alive())
+    hook.stop()
+    thread.join(10)
+    self.assertFalse(thread.is_alive())
+    self.assertEqual(exits, [])
+
+  def test_watcher_thread_fires(self):
     fired = threading.Event()
     clock = _Clock()
     hook = step_deadline.StepDeadlineHook(
         _TIMEOUT, 'worker:1', 'one of chief:0, worker:0', clock=clock,
         exit_fn=lambda status: fired.set(), poll_secs=0.01)
-    hook.begin()
+    hook.after_create_session(None, None)
     self._step(hook, clock, 1.0)
     self._step(hook, clock, 1.0)
     hook.before_run(None)
     clock.now += 1000
     self.assertTrue(fired.wait(10))
     self.assertIn('one of chief:0, worker:0 is hung', hook.message)
-    hook.stop()
-    hook._thread.join(10)  # pylint: disable=protected-access
-    self.assertFalse(hook._thread.is_alive())  # pylint: disable=protected-access
 
   def test_stopped_hook_does_not_fire(self):
     fired = threading.Event()
@@ -98,15 +108,50 @@ class StepDeadlineHookTest(tf.test.TestCase):
     hook = step_deadline.StepDeadlineHook(
         _TIMEOUT, 'chief:0', 'worker:0', clock=clock,
         exit_fn=lambda status: fired.set(), poll_secs=0.01)
-    hook.begin()
+    hook.after_create_session(None, None)
     self._step(hook, clock, 1.0)
     self._step(hook, clock, 1.0)
-    hook.before_run(None)
+    hook.before_run(None)  # a step that raised: after_run never comes
     hook.end(None)
     clock.now += 1000
+    self.assertFalse(hook.check())
     self.assertFalse(fired.wait(0.3))
 
   def test_bad_timeout(self):
     for timeout in (0, -1.0, None):
       with self.assertRaisesRegex(ValueError, 'timeout_secs must be > 0'):
         step_deadline.StepDeadlineHook(timeout, 'chief:0', 'worker:0')
+
+
+class HookForStrategyTest(tf.test.TestCase):
+  """Which training sessions get the backstop."""
+
+  def _multi_worker(self, timeout_seconds):
+    config = {'cluster': {'chief': ['localhost:2222'],
+                          'worker': ['localhost:2223', 'localhost:2224']},
+              'task': {'type': 'worker', 'index': 1}}
+    return strategies.make_strategy(
+        'multi_worker', timeout_seconds=timeout_seconds,
+        environ={'TF_CONFIG': json.dumps(config)})
+
+  def test_multi_worker_with_a_timeout(self):
+    hook = step_deadline.hook_for(self._multi_worker(7.0))
+    self.assertIsInstance(hook, step_deadline.StepDeadlineHook)
+    clock = _Clock()
+    hook._clock = clock  # pylint: disable=protected-access
+    hook._exit_fn = lambda status: None  # pylint: disable=protected-access
+    for _ in range(2):
+      hook.before_run(None)
+      hook.after_run(None, None)
+    hook.before_run(None)
+    clock.now += step_deadline.deadline_secs(7.0, 0.0) + 1
+    self.assertTrue(hook.check())
+    self.assertStartsWith(hook.message, 'Task worker:1 stopped:')
+    self.assertIn('3 x the 7 s collective timeout', hook.message)
+    self.assertIn('one of chief:0, worker:0 is hung', hook.message)
+
+  def test_none_without_collectives_or_timeout(self):
+    self.assertIsNone(step_deadline.hook_for(None))
+    self.assertIsNone(step_deadline.hook_for(
+        strategies.make_strategy('mirrored', cpu_devices=2)))
+    self.assertIsNone(step_deadline.hook_for(self._multi_worker(None)))

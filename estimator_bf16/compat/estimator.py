@@ -316,14 +316,10 @@ class Estimator(object):
         all_hooks.append(tf.compat.v1.train.StopAtStepHook(
             num_steps=steps, last_step=max_steps))
       all_hooks += input_hooks + list(spec.training_hooks) + list(hooks or [])
-      deadline = None
-      timeout = strategy is not None and distribute.is_multi_worker(
-          strategy) and distribute.collective_timeout(strategy)
-      if timeout:
-        # First: its step window then holds only the session.run.
-        deadline = step_deadline.StepDeadlineHook(
-            timeout, distribute.task_name(strategy),
-            distribute.suspects(strategy))
+      deadline = step_deadline.hook_for(strategy)
+      if deadline:
+        # First: its step ends (after_run) before the other hooks' after_run,
+        # checkpoint saves included, run.
         all_hooks.insert(0, deadline)
       if every:
         all_hooks.append(tf.compat.v1.train.LoggingTensorHook(
@@ -373,16 +369,19 @@ class Estimator(object):
             max_wait_secs=config.session_creation_timeout_secs)
       try:
         with session:
-          while not session.should_stop():
-            session.run([spec.train_op, spec.loss])
+          try:
+            while not session.should_stop():
+              session.run([spec.train_op, spec.loss])
+          finally:
+            # Before the session closes: a failed step's error, not the
+            # backstop, is what the task reports.
+            if deadline:
+              deadline.stop()
       except tf.errors.OpError as e:
         failure = strategy and distribute.explain(e, strategy)
         if failure:
           raise failure from e
         raise
-      finally:
-        if deadline:
-          deadline.stop()
     return self
 
   def _add_saver(self, scaffold):

@@ -28,6 +28,8 @@ import time
 from absl import logging
 import tensorflow as tf
 
+from estimator_bf16.compat import distribute
+
 # Status of a task that the backstop ends (a failure, as for a raised error).
 EXIT_STATUS = 1
 _TIMEOUTS = 3
@@ -37,6 +39,22 @@ _SLOWEST_STEPS = 4
 def deadline_secs(timeout_secs, slowest_step_secs):
   """Seconds a step may run before the backstop ends the task (float)."""
   return _TIMEOUTS * timeout_secs + _SLOWEST_STEPS * slowest_step_secs
+
+
+def hook_for(strategy):
+  """The `StepDeadlineHook` a training session under `strategy` needs.
+
+  Returns:
+    A hook for a multi-worker strategy whose collectives have a timeout;
+    None otherwise (one process, or collectives that wait for ever).
+  """
+  if strategy is None or not distribute.is_multi_worker(strategy):
+    return None
+  timeout = distribute.collective_timeout(strategy)
+  if not timeout:
+    return None
+  return StepDeadlineHook(timeout, distribute.task_name(strategy),
+                          distribute.suspects(strategy))
 
 
 class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
@@ -72,7 +90,8 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
     self._thread = None
     self.message = None    # set when the backstop fired
 
-  def begin(self):
+  def after_create_session(self, session, coord):
+    # Not in begin(): a session that fails to start would leave the thread.
     self._stop.clear()
     self._thread = threading.Thread(target=self._watch, daemon=True,
                                     name='estimator_bf16_step_deadline')
@@ -97,12 +116,15 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
 
   def stop(self):
     """Stops watching (also when training ends by an error)."""
-    self._stop.set()
+    with self._lock:
+      self._stop.set()
+      self._started = None
 
   def check(self):
     """Fires if the running step is past its deadline; True if it fired."""
     with self._lock:
-      if self._started is None or self._steps == 0 or self.message:
+      if (self._started is None or self._steps == 0 or self.message or
+          self._stop.is_set()):
         return False
       limit = deadline_secs(self._timeout_secs, self._slowest)
       waited = self._clock() - self._started
