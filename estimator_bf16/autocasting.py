@@ -20,8 +20,8 @@ just before they are created, by op type (`estimator_bf16.op_lists`):
 * trainable variables requested in bfloat16 outside a variable scope (Keras
   layers without v2 dtype behaviour, `tf.Variable(..., dtype=bfloat16)`) are
   stored float32, under the same name;
-* the last multiply of a tanh GELU (BERT's feed-forward activation) gets a
-  gradient that reads only the GELU's input and its tanh
+* the last multiply of a GELU (BERT's feed-forward activation, tanh or erf
+  form) gets a gradient that reads only the GELU's input and its tanh/erf
   (`gelu_gradient`): the chain's other intermediates are freed in the
   forward pass instead of being kept for the backward one.
 

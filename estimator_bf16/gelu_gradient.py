@@ -1,28 +1,33 @@
-"""A GELU gradient that keeps two activations where TensorFlow keeps five.
+"""A GELU gradient that keeps three activations where TensorFlow keeps five.
 
-BERT's feed-forward activation is the tanh approximation of GELU, written
-out of elementwise ops (google-research/bert's `gelu`, `tf.nn.gelu(x,
-approximate=True)`):
+BERT's feed-forward activation is GELU written out of elementwise ops,
+either the tanh approximation (google-research/bert's `gelu`,
+`tf.nn.gelu(x, approximate=True)`) or the exact form (`tf.nn.gelu(x)`,
+Keras' `gelu`, `0.5 * x * (1 + tf.math.erf(x / sqrt(2)))`, or with
+`erfc(-x / sqrt(2))` for `1 + erf(...)` as TensorFlow 2.16+ writes it):
 
-    y = 0.5 * x * (1 + tanh(c * (x + a * x**3)))
+    y = 0.5 * x * (1 + tanh(c * (x + a * x**3)))      (tanh)
+    y = 0.5 * x * (1 + erf(c * x))                    (erf, c = 1/sqrt(2))
 
 TensorFlow differentiates it op by op, and each op's gradient keeps that
 op's inputs or output: besides `x` and `y` (which the next matmul's gradient
 reads), `tanh`, `1 + tanh` or `0.5 * (1 + tanh)`, `0.5 * x` in the
 `(0.5 * x) * (1 + tanh)` form, and whatever the power's gradient reads live
-from the forward pass to the backward one. In a traced step of the
-BERT-style model that was five tensors of the feed-forward width (4 x
-hidden) per layer at the step's peak, most of a transformer's saved
-activations (BERT-base at batch 32: 24 MiB each, per layer, in bfloat16).
+from the forward pass to the backward one (with erf: `c * x` for erf's
+gradient instead of the power's). In a traced step of the BERT-style model
+that was five tensors of the feed-forward width (4 x hidden) per layer at
+the step's peak, most of a transformer's saved activations (BERT-base at
+batch 32: 24 MiB each, per layer, in bfloat16).
 
 Autocast marks the chain's last multiply (`mark`); its gradient is then
-computed from `x` and the chain's `tanh` output alone,
+computed from `x` and the chain's `tanh` (or `erf`) output `t` alone,
 
-    dy/dx = 0.5 * (1 + t) * (1 + x * (1 - t) * (c + 3 * a * c * x**2)),
+    dy/dx = 0.5 * (1 + t) * (1 + x * (1 - t) * (c + 3 * a * c * x**2))
+    dy/dx = 0.5 * (1 + t) + x * c / sqrt(pi) * exp(-(c * x)**2)
 
 and the chain itself gets no gradient, so its other intermediates are freed
 during the forward pass: the traced step keeps three tensors a layer (`x`,
-`tanh`, `y`). The backward pass runs as many elementwise ops as
+`t`, `y`). The backward pass runs about as many elementwise ops as
 TensorFlow's own (ten), in the chain's dtype, with the constants the chain
 was built with. What else reads the chain's intermediates keeps
 TensorFlow's gradient; but asked for directly, `tf.gradients(loss, tanh)`
@@ -30,20 +35,23 @@ now finds no path through the marked multiply.
 """
 
 import collections
+import math
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
 from estimator_bf16 import autocast_gradients
 
-_GRADIENT = 'EstimatorBf16TanhGelu'
+_GRADIENT = 'EstimatorBf16Gelu'
 _ADDS = frozenset(['Add', 'AddV2'])
 
-# What the gradient needs of a matched chain: the input `x`, the `tanh`
-# output `t`, the constants `a` and `c`, which input of the final multiply
-# carries `x` (`x_side`: 0 or 1) and the factor `scale` that input is of `x`
-# (`0.5` for `(0.5 * x) * (1 + t)`, `1` for `x * (0.5 * (1 + t))`).
-TanhGelu = collections.namedtuple('TanhGelu', 'x t a c x_side scale')
+# What the gradient needs of a matched chain: the input `x`, the `tanh`,
+# `erf` or `erfc` output `t` (`kind`: 'Tanh', 'Erf' or 'Erfc', where `t` is
+# `erfc(-c * x)`, which is `1 + erf(c * x)`), the constants `a` (None but
+# for tanh) and `c`, which input of the final multiply carries `x` (`x_side`: 0
+# or 1) and the factor `scale` that input is of `x` (`0.5` for `(0.5 * x) *
+# (1 + t)`, `1` for `x * (0.5 * (1 + t))`).
+Gelu = collections.namedtuple('Gelu', 'kind x t a c x_side scale')
 
 
 def _scalar(tensor):
@@ -59,7 +67,20 @@ def _scalar(tensor):
 
 
 def _split_scale(tensor):
-  """(k, t) with `tensor = k * t` for a constant scalar k; (1, tensor) else."""
+  """(k, t) with `tensor = k * t` for a constant scalar k; (1, tensor) else.
+
+  Nested factors multiply: `-(x) * c` is `(-c, x)`.
+  """
+  scale = 1.0
+  while True:
+    factor, inner = _split_one_scale(tensor)
+    if inner is tensor:
+      return scale, tensor
+    scale, tensor = scale * factor, inner
+
+
+def _split_one_scale(tensor):
+  """One constant factor off `tensor`: (k, t), or (1, tensor)."""
   if tensor.op.type == 'Neg':
     return -1.0, tensor.op.inputs[0]
   if tensor.op.type == 'Mul':
@@ -68,6 +89,10 @@ def _split_scale(tensor):
       value = _scalar(constant)
       if value is not None:
         return value, other
+  if tensor.op.type in ('RealDiv', 'Div'):
+    value = _scalar(tensor.op.inputs[1])
+    if value:
+      return 1.0 / value, tensor.op.inputs[0]
   return 1.0, tensor
 
 
@@ -119,35 +144,53 @@ def _tanh_argument(tanh, x):
   return None
 
 
+def _erf_argument(erf, x):
+  """c if `erf`'s (or erfc's) input is `c * x` or `x / (1 / c)`, else None."""
+  c, inner = _split_scale(erf.op.inputs[0])
+  return c if _same(inner, x) else None
+
+
 def match(op):
-  """The `TanhGelu` that `op` completes, or None.
+  """The `Gelu` that `op` completes, or None.
 
   Args:
     op: a `Mul` op; its inputs may be `(k1 * x, k2 * (1 + t))` in either
-      order, with `k1 * k2 = 0.5` and `t = tanh(c * (x + a * x**3))`.
+      order, with `k1 * k2 = 0.5` and `t = tanh(c * (x + a * x**3))` or
+      `t = erf(c * x)`.
 
   Returns:
-    A `TanhGelu`, or None if `op` is anything else.
+    A `Gelu`, or None if `op` is anything else.
   """
   if op.type != 'Mul' or not op.outputs[0].dtype.is_floating:
     return None
   for x_side in (0, 1):
     scale, x = _split_scale(op.inputs[x_side])
     factor, one_plus = _split_scale(op.inputs[1 - x_side])
-    offset = _split_offset(one_plus)
-    if offset is None or offset[0] != 1.0 or offset[1].op.type != 'Tanh':
-      continue
-    tanh = offset[1]
     if scale * factor != 0.5:
       continue
-    constants = _tanh_argument(tanh, x)
-    if constants is not None:
-      return TanhGelu(x, tanh, constants[0], constants[1], x_side, scale)
+    if one_plus.op.type == 'Erfc':
+      # erfc(-c * x) = 1 + erf(c * x): TensorFlow 2.16+'s exact gelu.
+      c = _erf_argument(one_plus, x)
+      if c is not None:
+        return Gelu('Erfc', x, one_plus, None, -c, x_side, scale)
+      continue
+    offset = _split_offset(one_plus)
+    if offset is None or offset[0] != 1.0:
+      continue
+    t = offset[1]
+    if t.op.type == 'Tanh':
+      constants = _tanh_argument(t, x)
+      if constants is not None:
+        return Gelu('Tanh', x, t, constants[0], constants[1], x_side, scale)
+    elif t.op.type == 'Erf':
+      c = _erf_argument(t, x)
+      if c is not None:
+        return Gelu('Erf', x, t, None, c, x_side, scale)
   return None
 
 
 def mark(op):
-  """Gives `op` the two-activation gradient if it completes a tanh GELU.
+  """Gives `op` the three-activation gradient if it completes a GELU.
 
   A gradient the model chose for `op` (`gradient_override_map`) stays.
 
@@ -161,12 +204,12 @@ def mark(op):
 
 
 @tf.RegisterGradient(_GRADIENT)
-def _tanh_gelu_gradient(op, grad):
-  """d(GELU)/dx from `x` and `tanh`; no gradient through the chain.
+def _gelu_gradient(op, grad):
+  """d(GELU)/dx from `x` and `t`; no gradient through the chain.
 
   Returns the gradient of the multiply's `x` side divided by that side's
   factor of `x` (TensorFlow's gradient of `k * x` multiplies it back), and
-  None for the `1 + tanh` side, so the chain's other ops get no gradient.
+  None for the `1 + t` side, so the chain's other ops get no gradient.
   """
   gelu = match(op)
   if gelu is None:
@@ -179,12 +222,20 @@ def _tanh_gelu_gradient(op, grad):
   # read only forward tensors, would run in the forward pass and hold their
   # results until now.
   with autocast_gradients.after_gradients([grad]):
-    x, t = gelu.x, gelu.t
-    slope = x * x * constant(3.0 * gelu.a * gelu.c) + constant(gelu.c)
-    inner = x * slope * (constant(1.0) - t) + constant(1.0)
-    outer = t + constant(1.0)
-    if gelu.scale != 0.5:
-      outer *= constant(0.5 / gelu.scale)
+    x, t, c = gelu.x, gelu.t, gelu.c
+    # Both derivatives over the x side's factor of x, 0.5 / scale.
+    half = 0.5 / gelu.scale
+    # 1 + t; an erfc output is that sum already.
+    outer = t if gelu.kind == 'Erfc' else t + constant(1.0)
+    if half != 1.0:
+      outer *= constant(half)
+    if gelu.kind == 'Tanh':
+      slope = x * x * constant(3.0 * gelu.a * c) + constant(c)
+      derivative = outer * (x * slope * (constant(1.0) - t) + constant(1.0))
+    else:
+      density = tf.exp(x * x * constant(-c * c)) * x
+      derivative = outer + density * constant(2.0 * half * c /
+                                              math.sqrt(math.pi))
   grads = [None, None]
-  grads[gelu.x_side] = tf.cast(grad, dtype) * (outer * inner)
+  grads[gelu.x_side] = tf.cast(grad, dtype) * derivative
   return grads

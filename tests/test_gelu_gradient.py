@@ -1,4 +1,4 @@
-"""Tests for the tanh-GELU gradient that reads only `x` and `tanh`."""
+"""Tests for the GELU gradient that reads only `x` and `tanh` (or `erf`)."""
 
 import math
 
@@ -12,19 +12,27 @@ import estimator_bf16 as eb
 BF16 = tf.bfloat16
 _C = math.sqrt(2.0 / math.pi)
 _A = 0.044715
-# The forms public code writes it in.
+_ERF_C = 1 / math.sqrt(2.0)
+# The forms public code writes it in: (name, function, kind).
 _GELUS = (
     # google-research/bert modeling.py.
     ('bert', lambda x: x * (0.5 * (1.0 + tf.tanh(
-        np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3)))))),
+        np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3))))), 'Tanh'),
     # tf.nn.gelu / Keras' gelu: (0.5 * x) * (1 + tanh(...)).
-    ('tf_nn', lambda x: tf.nn.gelu(x, approximate=True)),
+    ('tf_nn', lambda x: tf.nn.gelu(x, approximate=True), 'Tanh'),
     # Constants after the tensors, the cube as products.
     ('reordered', lambda x: (1.0 + tf.tanh(
-        ((x * x * x) * 0.044715 + x) * _C)) * (x * 0.5)),
+        ((x * x * x) * 0.044715 + x) * _C)) * (x * 0.5), 'Tanh'),
     # Factors other than 0.5 and 1 on each side, the cube through Square.
     ('negated', lambda x: (-x) * (-0.5 * (1.0 + tf.tanh(
-        _C * (x + 0.044715 * (tf.square(x) * x)))))),
+        _C * (x + 0.044715 * (tf.square(x) * x))))), 'Tanh'),
+    # The exact GELU: tf.nn.gelu's default (x / sqrt(2) as a division).
+    ('erf_tf_nn', tf.nn.gelu, 'Erf'),
+    # Hugging Face / Keras-style: x * 0.5 * (1 + erf(x * (1 / sqrt(2)))).
+    ('erf_product', lambda x: x * 0.5 * (1.0 + tf.math.erf(x * _ERF_C)),
+     'Erf'),
+    # TensorFlow 2.16+'s tf.nn.gelu: 0.5 * x * erfc(-x * (1 / sqrt(2))).
+    ('erfc', lambda x: 0.5 * x * tf.math.erfc(-x * _ERF_C), 'Erfc'),
 )
 
 
@@ -32,8 +40,11 @@ def setUpModule():
   tf.compat.v1.disable_eager_execution()
 
 
-def _gelu_prime(x):
-  """float64 derivative of the tanh approximation."""
+def _gelu_prime(x, kind='Tanh'):
+  """float64 derivative of the tanh approximation or of the exact GELU."""
+  if kind in ('Erf', 'Erfc'):
+    erf = np.vectorize(math.erf)(x * _ERF_C)
+    return 0.5 * (1 + erf) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
   t = np.tanh(_C * (x + _A * x**3))
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _C * (1 + 3 * _A * x * x)
 
@@ -65,7 +76,7 @@ def _waits_for_control_input(op, scope):
              if tensor.op.name.startswith(scope))
 
 
-class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
+class GeluGradientTest(tf.test.TestCase, parameterized.TestCase):
 
   def _build(self, gelu, precision, extra_loss=None):
     """A bfloat16 input through `gelu`, and a loss weighting each output.
@@ -93,11 +104,12 @@ class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
       return sess.run([tf.cast(t, tf.float32) for t in tensors])
 
   @parameterized.named_parameters(*_GELUS)
-  def test_gradient_reads_only_x_and_tanh(self, gelu):
+  def test_gradient_reads_only_x_and_tanh(self, gelu, kind):
     graph, x, y, _, _ = self._build(gelu, 'bfloat16')
     self.assertEqual(y.op.get_attr('_gradient_op_type'),
-                     b'EstimatorBf16TanhGelu')
-    (tanh,) = [op for op in graph.get_operations() if op.type == 'Tanh']
+                     b'EstimatorBf16Gelu')
+    (tanh,) = [op for op in graph.get_operations()
+               if op.type in (kind, 'Erfc')]
     # No gradient op reads any of the chain's intermediates but tanh's
     # output: they are freed during the forward pass.
     chain = _chain_ops(graph, y, x)
@@ -112,22 +124,23 @@ class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
     scope = 'gradients/%s_grad/' % y.op.name
     readers = {op for tensor in (x, tanh.outputs[0])
                for op in tensor.consumers() if op.name.startswith(scope)}
-    self.assertLen(readers, 4)  # x * x, x * slope, 1 - t, t + 1
+    # tanh: x * x, x * slope, 1 - t, t + 1; erf: x * x, exp(...) * x, t + 1.
+    self.assertLen(readers, 4 if kind == 'Tanh' else 3)  # erfc: t itself
     for op in readers:
       self.assertTrue(_waits_for_control_input(op, scope), op.name)
 
   @parameterized.named_parameters(*_GELUS)
-  def test_gradient_values_match_float64(self, gelu):
+  def test_gradient_values_match_float64(self, gelu, kind):
     graph, x, _, grad, weights = self._build(gelu, 'bfloat16')
     x_values, got = self._values(graph, x, grad)
-    want = _gelu_prime(x_values.astype(np.float64)) * weights
+    want = _gelu_prime(x_values.astype(np.float64), kind) * weights
     # bfloat16 keeps 8 significant bits: each of the few ops in the
     # derivative rounds at 2**-9 relative, and so does the product with
     # the incoming gradient.
     self.assertAllClose(got, want, atol=0.02 * np.abs(want).max(), rtol=0.02)
 
   @parameterized.named_parameters(*_GELUS)
-  def test_float32_chain_gets_the_float64_derivative(self, gelu):
+  def test_float32_chain_gets_the_float64_derivative(self, gelu, kind):
     # A chain the model keeps in float32 is marked too; in float32 the
     # derivative's formula is checked to float32 precision.
     rng = np.random.RandomState(3)
@@ -139,13 +152,14 @@ class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
         grad = tf.gradients(tf.reduce_sum(y), x)[0]
       self.assertEqual(y.dtype, tf.float32)
       self.assertEqual(y.op.get_attr('_gradient_op_type'),
-                       b'EstimatorBf16TanhGelu')
+                       b'EstimatorBf16Gelu')
     (got,) = self._values(graph, grad)
     x64 = x_values.astype(np.float32).astype(np.float64)
-    self.assertAllClose(got, _gelu_prime(x64), rtol=1e-5, atol=1e-5)
+    self.assertAllClose(got, _gelu_prime(x64, kind), rtol=1e-5, atol=1e-5)
 
   @parameterized.named_parameters(*_GELUS)
-  def test_close_to_tensorflows_own_bfloat16_gradient(self, gelu):
+  def test_close_to_tensorflows_own_bfloat16_gradient(self, gelu, kind):
+    del kind
     # The same bfloat16 chain without autocast: the op-by-op bfloat16
     # gradient TensorFlow computes.
     graph, _, _, got, _ = self._build(gelu, 'bfloat16')
@@ -186,6 +200,10 @@ class TanhGeluGradientTest(tf.test.TestCase, parameterized.TestCase):
           _C * (x + 0.044715 * tf.pow(x, 3))))),
       ('sigmoid', lambda x, z: 0.5 * x * (1.0 + tf.sigmoid(
           _C * (x + 0.044715 * tf.pow(x, 3))))),
+      ('erf_of_another_tensor', lambda x, z: 0.5 * x * (1.0 + tf.math.erf(
+          z * _ERF_C))),
+      ('erf_of_a_square', lambda x, z: 0.5 * x * (1.0 + tf.math.erf(
+          x * x))),
       ('cube_of_two_tensors', lambda x, z: 0.5 * x * (1.0 + tf.tanh(
           _C * (x + 0.044715 * (x * x * z))))),
       # A [1, 1] factor broadcasts a rank-1 x to rank 2.
