@@ -88,30 +88,32 @@ class StepDeadlineHookTest(tf.test.TestCase):
     self.assertFalse(thread.is_alive())
     self.assertEqual(exits, [])
 
-  def test_watcher_thread_fires(self):
+  def _watched_step(self, suspects='worker:0'):
+    """A watched session two steps in, its third step running.
+
+    Returns:
+      (hook, clock, event set when the hook would end the process).
+    """
     fired = threading.Event()
     clock = _Clock()
     hook = step_deadline.StepDeadlineHook(
-        _TIMEOUT, 'worker:1', 'one of chief:0, worker:0', clock=clock,
+        _TIMEOUT, 'worker:1', suspects, clock=clock,
         exit_fn=lambda status: fired.set(), poll_secs=0.01)
     hook.after_create_session(None, None)
     self._step(hook, clock, 1.0)
     self._step(hook, clock, 1.0)
     hook.before_run(None)
+    return hook, clock, fired
+
+  def test_watcher_thread_fires(self):
+    hook, clock, fired = self._watched_step('one of chief:0, worker:0')
     clock.now += 1000
     self.assertTrue(fired.wait(10))
     self.assertIn('one of chief:0, worker:0 is hung', hook.message)
 
   def test_stopped_hook_does_not_fire(self):
-    fired = threading.Event()
-    clock = _Clock()
-    hook = step_deadline.StepDeadlineHook(
-        _TIMEOUT, 'chief:0', 'worker:0', clock=clock,
-        exit_fn=lambda status: fired.set(), poll_secs=0.01)
-    hook.after_create_session(None, None)
-    self._step(hook, clock, 1.0)
-    self._step(hook, clock, 1.0)
-    hook.before_run(None)  # a step that raised: after_run never comes
+    # The running step raised: after_run never comes.
+    hook, clock, fired = self._watched_step()
     hook.end(None)
     clock.now += 1000
     self.assertFalse(hook.check())
