@@ -23,7 +23,7 @@ gradient where the select kept the boolean one (1 byte). Marked with
 `recast_mask_in_gradient`, its gradient casts the boolean mask again.
 
 (`gelu_gradient` uses `set_gradient` and `after_gradients` for a GELU
-gradient that reads two activations instead of five.)
+gradient that reads only the GELU's input and its tanh or erf.)
 """
 
 import tensorflow as tf

@@ -40,6 +40,12 @@ class WorkerFailure(RuntimeError):
   """Another task of a multi-worker job failed or stopped answering."""
 
 
+# The end of every message that stops a task of a multi-worker job.
+RESUME_ADVICE = ('A multi-worker job stops when one task fails; run the same '
+                 'command again to resume all tasks from the chief\'s last '
+                 'checkpoint.')
+
+
 def check_strategy(strategy, name):
   """Returns `strategy` if this backend runs it, else raises ValueError.
 
@@ -268,7 +274,6 @@ def explain(error, strategy):
     named = suspects(strategy)
   first_line = message.strip().splitlines()[0] if message.strip() else ''
   return WorkerFailure(
-      'Task %s stopped: %s did not answer (%s: %s). A multi-worker job '
-      'stops when one task fails; run the same command again to resume all '
-      'tasks from the chief\'s last checkpoint.' % (
-          task_name(strategy), named, type(error).__name__, first_line[:300]))
+      'Task %s stopped: %s did not answer (%s: %s). %s' % (
+          task_name(strategy), named, type(error).__name__, first_line[:300],
+          RESUME_ADVICE))

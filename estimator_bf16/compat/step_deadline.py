@@ -134,10 +134,9 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
           'Task %s stopped: no training step finished in %.0f s (%g x the '
           '%g s collective timeout + %g x the slowest step, %.1f s): %s is '
           'hung or unreachable and its collectives neither completed nor '
-          'timed out. A multi-worker job stops when one task fails; run the '
-          'same command again to resume all tasks from the chief\'s last '
-          'checkpoint.' % (self._task, waited, _TIMEOUTS, self._timeout_secs,
-                           _SLOWEST_STEPS, self._slowest, self._suspects))
+          'timed out. %s' % (self._task, waited, _TIMEOUTS, self._timeout_secs,
+                             _SLOWEST_STEPS, self._slowest, self._suspects,
+                             distribute.RESUME_ADVICE))
     logging.error('%s', self.message)
     sys.stderr.write('error: %s\n' % self.message)
     sys.stderr.flush()
