@@ -37,6 +37,7 @@ now finds no path through the marked multiply.
 import collections
 import math
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
@@ -54,16 +55,38 @@ _ADDS = frozenset(['Add', 'AddV2'])
 Gelu = collections.namedtuple('Gelu', 'kind x t a c x_side scale')
 
 
-def _scalar(tensor):
+# Scalar arithmetic that code computes its constants with (Hugging Face's
+# `tf.sqrt(2.0 / pi)`), which `tf.get_static_value` does not fold.
+_SCALAR_OPS = {
+    'Sqrt': math.sqrt, 'Neg': lambda a: -a, 'Cast': lambda a: a,
+    'Mul': lambda a, b: a * b, 'RealDiv': lambda a, b: a / b,
+    'Div': lambda a, b: a / b, 'AddV2': lambda a, b: a + b,
+    'Add': lambda a, b: a + b, 'Sub': lambda a, b: a - b,
+}
+
+
+def _scalar(tensor, depth=4):
   """The value of a constant scalar (rank 0) tensor, else None.
 
   Rank 0 only: a `[[0.5]]` factor would broadcast `y` to a higher rank than
-  the multiply's input, which the gradient must not change.
+  the multiply's input, which the gradient must not change. The value is
+  rounded to the tensor's dtype, as TensorFlow computes it.
   """
-  if tensor.shape.rank != 0:
+  if tensor.shape.rank != 0 or not tensor.dtype.is_floating:
     return None
   value = tf.get_static_value(tensor)
-  return None if value is None else float(value)
+  if value is None:
+    operation = _SCALAR_OPS.get(tensor.op.type)
+    if operation is None or depth == 0:
+      return None
+    inputs = [_scalar(t, depth - 1) for t in tensor.op.inputs]
+    if any(v is None for v in inputs):
+      return None
+    try:
+      value = operation(*inputs)
+    except (ArithmeticError, ValueError):
+      return None
+  return float(np.asarray(value, tensor.dtype.as_numpy_dtype))
 
 
 def _split_scale(tensor):

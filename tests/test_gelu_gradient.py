@@ -26,6 +26,10 @@ _GELUS = (
     # Factors other than 0.5 and 1 on each side, the cube through Square.
     ('negated', lambda x: (-x) * (-0.5 * (1.0 + tf.tanh(
         _C * (x + 0.044715 * (tf.square(x) * x))))), 'Tanh'),
+    # Hugging Face's TF gelu: constants computed with tf.sqrt and tf.cast.
+    ('computed_constants', lambda x: x * (0.5 * (1.0 + tf.tanh(
+        tf.sqrt(2.0 / tf.cast(math.pi, x.dtype)) *
+        (x + tf.cast(0.044715, x.dtype) * tf.pow(x, 3))))), 'Tanh'),
     # The exact GELU: tf.nn.gelu's default (x / sqrt(2) as a division).
     ('erf_tf_nn', tf.nn.gelu, 'Erf'),
     # Hugging Face / Keras-style: x * 0.5 * (1 + erf(x * (1 / sqrt(2)))).
