@@ -86,6 +86,9 @@ def _scalar(tensor, depth=4):
       value = operation(*inputs)
     except (ArithmeticError, ValueError):
       return None
+    # As tf.get_static_value does: a fed value would differ from the one
+    # the gradient was built with.
+    tensor.graph.prevent_feeding(tensor)
   return float(np.asarray(value, tensor.dtype.as_numpy_dtype))
 
 

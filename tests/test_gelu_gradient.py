@@ -32,9 +32,14 @@ _GELUS = (
         (x + tf.cast(0.044715, x.dtype) * tf.pow(x, 3))))), 'Tanh'),
     # The exact GELU: tf.nn.gelu's default (x / sqrt(2) as a division).
     ('erf_tf_nn', tf.nn.gelu, 'Erf'),
-    # Hugging Face / Keras-style: x * 0.5 * (1 + erf(x * (1 / sqrt(2)))).
+    # (x * 0.5) * (1 + erf(x * (1 / sqrt(2)))).
     ('erf_product', lambda x: x * 0.5 * (1.0 + tf.math.erf(x * _ERF_C)),
      'Erf'),
+    # Hugging Face's: x * (0.5 * (1 + erf(x / cast(sqrt(2.0))))).
+    ('erf_computed_constant', lambda x: x * (0.5 * (1.0 + tf.math.erf(
+        x / tf.cast(tf.sqrt(2.0), x.dtype)))), 'Erf'),
+    ('erf_negated', lambda x: (-x) * (-0.5 * (1.0 + tf.math.erf(
+        x * _ERF_C))), 'Erf'),
     # TensorFlow 2.16+'s tf.nn.gelu: 0.5 * x * erfc(-x * (1 / sqrt(2))).
     ('erfc', lambda x: 0.5 * x * tf.math.erfc(-x * _ERF_C), 'Erfc'),
 )
@@ -208,6 +213,15 @@ class GeluGradientTest(tf.test.TestCase, parameterized.TestCase):
           z * _ERF_C))),
       ('erf_of_a_square', lambda x, z: 0.5 * x * (1.0 + tf.math.erf(
           x * x))),
+      ('one_minus_erf', lambda x, z: 0.5 * x * (1.0 - tf.math.erf(
+          x * _ERF_C))),
+      ('erfc_of_another_tensor', lambda x, z: 0.5 * x * tf.math.erfc(
+          -z * _ERF_C)),
+      ('erfc_without_half', lambda x, z: x * tf.math.erfc(-x * _ERF_C)),
+      # A factor computed from a value fed at run time is no constant.
+      ('fed_factor', lambda x, z: 0.5 * x * (1.0 + tf.math.erf(
+          x / tf.cast(tf.sqrt(tf.compat.v1.placeholder_with_default(
+              2.0, [])), x.dtype)))),
       ('cube_of_two_tensors', lambda x, z: 0.5 * x * (1.0 + tf.tanh(
           _C * (x + 0.044715 * (x * x * z))))),
       # A [1, 1] factor broadcasts a rank-1 x to rank 2.
@@ -240,6 +254,17 @@ class GeluGradientTest(tf.test.TestCase, parameterized.TestCase):
         got = sess.run(tf.cast(grad, tf.float32))
     x64 = x_values.astype(np.float32).astype(np.float64)
     self.assertAllClose(got, _gelu_prime(x64), atol=0.03, rtol=0.03)
+
+  def test_folded_constant_cannot_be_fed(self):
+    # The gradient is built with the folded value: a fed one would differ.
+    with tf.Graph().as_default() as graph:
+      x = tf.identity(tf.constant([[1.0, -2.0]], BF16))
+      with eb.autocast('bfloat16'):
+        y = x * (0.5 * (1.0 + tf.math.erf(x / tf.sqrt(tf.constant(
+            2.0, BF16) + tf.constant(0.0, BF16)))))
+      self.assertIsNotNone(gelu_gradient.match(y.op))
+      (root,) = [op for op in graph.get_operations() if op.type == 'Sqrt']
+      self.assertFalse(graph.is_feedable(root.outputs[0]))
 
   def test_model_gradient_override_stays(self):
     with tf.Graph().as_default() as graph:
