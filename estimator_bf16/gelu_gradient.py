@@ -110,11 +110,9 @@ def _split_one_scale(tensor):
   if tensor.op.type == 'Neg':
     return -1.0, tensor.op.inputs[0]
   if tensor.op.type == 'Mul':
-    first, second = tensor.op.inputs
-    for constant, other in ((first, second), (second, first)):
-      value = _scalar(constant)
-      if value is not None:
-        return value, other
+    found = _constant_operand(tensor.op)
+    if found is not None:
+      return found
   if tensor.op.type in ('RealDiv', 'Div'):
     value = _scalar(tensor.op.inputs[1])
     if value:
@@ -124,12 +122,16 @@ def _split_one_scale(tensor):
 
 def _split_offset(tensor):
   """(b, t) with `tensor = b + t` for a constant scalar b, else None."""
-  if tensor.op.type in _ADDS:
-    first, second = tensor.op.inputs
-    for constant, other in ((first, second), (second, first)):
-      value = _scalar(constant)
-      if value is not None:
-        return value, other
+  return _constant_operand(tensor.op) if tensor.op.type in _ADDS else None
+
+
+def _constant_operand(op):
+  """(value, other input) of a binary op with a constant scalar input."""
+  first, second = op.inputs
+  for constant, other in ((first, second), (second, first)):
+    value = _scalar(constant)
+    if value is not None:
+      return value, other
   return None
 
 
