@@ -12,7 +12,9 @@ the failed task's status, naming it: the others first get `--grace_secs` to stop
 training task notices a lost peer within about a second, or within its
 collective timeout if the peer hangs, and exits naming it), then SIGTERM,
 then SIGKILL 5 s later. Success is status 0 once every process has exited
-with 0.
+with 0. A SIGTERM to the launcher (a preemption notice, `kill`) goes to every
+task at once, so each can save and stop (`estimator_bf16.preemption`);
+SIGKILL follows `--grace_secs` later. The launcher then exits with 143.
 
 On several hosts, start the command on each host yourself with a TF_CONFIG
 listing every host (docs/distribute.md); this launcher is for trying it on
@@ -101,6 +103,15 @@ def _stream(process, prefix, out, lock):
   process.stdout.close()
 
 
+class _Terminated(Exception):
+  """The launcher received SIGTERM."""
+
+
+def _raise_terminated(signum, frame):
+  del signum, frame
+  raise _Terminated()
+
+
 def _exit_status(returncode):
   # A process killed by signal N reports -N; shells report 128 + N.
   return 128 - returncode if returncode < 0 else returncode
@@ -161,6 +172,13 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
 
   status = 0
   failed = None
+  # The tasks run in sessions of their own (a Ctrl-C in the terminal reaches
+  # the launcher only), so a launcher that is terminated must pass it on or
+  # leave them running. Only the main thread may set a handler; the previous
+  # one is restored on return.
+  previous = None
+  if threading.current_thread() is threading.main_thread():
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
   try:
     while any(p.poll() is None for p in processes.values()):
       for name, process in processes.items():
@@ -175,6 +193,14 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
     say('interrupted; stopping every task.')
     _stop(processes, grace_secs)
     status = 130
+  except _Terminated:
+    say('got SIGTERM; passing it to every task (SIGKILL in %g s).' %
+        grace_secs)
+    _terminate(processes, grace_secs)
+    failed, status = 'launch', 128 + signal.SIGTERM
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
   for thread in threads:
     thread.join(timeout=5)
   if failed is None and status == 0:
@@ -212,6 +238,18 @@ def _stop(processes, grace_secs):
   for process in running:
     _signal_group(process, signal.SIGTERM)
   _wait_all(running, _KILL_AFTER_SECS)
+  for process in running:
+    if process.poll() is None:
+      _signal_group(process, signal.SIGKILL)
+      process.wait()
+
+
+def _terminate(processes, grace_secs):
+  """SIGTERM to every running task now, SIGKILL to those left after grace."""
+  running = [p for p in processes.values() if p.poll() is None]
+  for process in running:
+    _signal_group(process, signal.SIGTERM)
+  _wait_all(running, grace_secs)
   for process in running:
     if process.poll() is None:
       _signal_group(process, signal.SIGKILL)

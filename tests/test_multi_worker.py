@@ -98,6 +98,23 @@ def _read_into(process, lines, arrivals=None):
       arrivals.append((time.monotonic(), line))
 
 
+def _task_pids(lines):
+  """{task: pid} from the launcher's 'started' lines."""
+  pids = {}
+  for line in list(lines):
+    if line.startswith('[launch] started '):
+      name, rest = line[len('[launch] started '):].split(' (pid ', 1)
+      pids[name] = int(rest.split(')')[0])
+  return pids
+
+
+def _kill_group(pid):
+  try:
+    os.killpg(pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
 def _step(path):
   return int(tf.train.load_checkpoint(path).get_tensor('global_step'))
 
@@ -273,6 +290,42 @@ class LaunchTest(tf.test.TestCase):
     self.assertLess(time.monotonic() - start, 20)
     self.assertIn('[launch] worker:0 exited with status 3; stopping the '
                   'other tasks.', out.text())
+
+  def test_sigterm_to_the_launcher_reaches_every_task(self):
+    # Each task says when it is ready, then saves and exits on SIGTERM, as
+    # a training task does on a preemption notice.
+    script = ('import json, os, signal, sys, time; '
+              't = json.loads(os.environ["TF_CONFIG"])["task"]["type"]; '
+              'signal.signal(signal.SIGTERM, lambda *a: (print("saved", t, '
+              'flush=True), sys.exit(0))); '
+              'print("ready", flush=True); time.sleep(60)')
+    process = subprocess.Popen(
+        [sys.executable, '-m', 'estimator_bf16.launch', '--workers=2',
+         '--grace_secs=20', '--', sys.executable, '-c', script],
+        cwd=_REPO, env=dict(os.environ, PYTHONPATH=_REPO),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    reader = threading.Thread(target=_read_into, args=(process, lines),
+                              daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while sum(line.endswith('] ready\n') for line in list(lines)) < 2:
+      self.assertLess(time.monotonic(), deadline, ''.join(lines))
+      time.sleep(0.05)
+    pids = _task_pids(lines)
+    start = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+    reader.join(timeout=10)
+    output = ''.join(lines)
+    # Passed on at once, not after the grace (20 s).
+    self.assertLess(time.monotonic() - start, 10, output)
+    self.assertEqual(128 + signal.SIGTERM, process.returncode, output)
+    self.assertIn('[chief:0] saved chief', output)
+    self.assertIn('[worker:0] saved worker', output)
+    for pid in pids.values():
+      with self.assertRaises(ProcessLookupError):
+        os.kill(pid, 0)
 
   def test_ports_are_distinct_loopback_ports(self):
     jobs = launch.cluster_jobs(3, evaluator=True)
