@@ -48,6 +48,9 @@ _REPORT_BOUND_SECS = 2 * _WORKER_TIMEOUT_SECS + 15
 _BACKSTOP_BOUND_SECS = 3 * _WORKER_TIMEOUT_SECS + 15
 _GRACE_SECS = 2 * _WORKER_TIMEOUT_SECS + 10
 _STOP_BOUND_SECS = _GRACE_SECS + launch._KILL_AFTER_SECS + 10  # pylint: disable=protected-access
+# How long a test waits for a signalled job to end before it fails: the
+# backstop's bound, then the launcher's stop.
+_WAIT_BOUND_SECS = _BACKSTOP_BOUND_SECS + _STOP_BOUND_SECS
 
 _CACHE = isolated_cache.IsolatedCache()
 
@@ -169,12 +172,24 @@ class MultiWorkerTest(tf.test.TestCase):
       self.assertLess(time.monotonic(), deadline, ''.join(lines[-50:]))
       self.assertIsNone(process.poll(), ''.join(lines[-50:]))
       time.sleep(0.05)
-    (worker_pid,) = [int(line.split('(pid ')[1].split(')')[0])
-                     for line in list(lines)
-                     if line.startswith('[launch] started worker:0 (pid ')]
+    worker_pid = _task_pids(lines)['worker:0']
     os.kill(worker_pid, sig)
     signalled_at = time.monotonic()
-    process.wait(timeout=_STOP_BOUND_SECS + 60)
+    try:
+      process.wait(timeout=_WAIT_BOUND_SECS)
+    except subprocess.TimeoutExpired:
+      # Tasks run in sessions of their own: killing the launcher alone
+      # would leave them running.
+      for pid in _task_pids(lines).values():
+        _kill_group(pid)
+      process.kill()
+      process.wait()
+      reader.join(timeout=10)
+      self.fail('the job was still running %d s after the signal; what it '
+                'printed after the signal:\n%s' % (
+                    _WAIT_BOUND_SECS, ''.join(
+                        line for at, line in arrivals
+                        if at >= signalled_at)[-8000:]))
     stopped_after = time.monotonic() - signalled_at
     reader.join(timeout=10)
     after = {line: at - signalled_at for at, line in arrivals
