@@ -259,7 +259,7 @@ class MultiWorkerTest(tf.test.TestCase):
       named, bound = min(timed_out), _REPORT_BOUND_SECS
     else:
       named = seconds_until('[chief:0] error: Task chief:0 stopped: no '
-                            'training step finished in')
+                            'training step, hooks included, finished in')
       self.assertIn('worker:0 is hung or unreachable', tail)
       bound = _BACKSTOP_BOUND_SECS
     self.assertGreater(named, _WORKER_TIMEOUT_SECS - 1, tail)

@@ -59,8 +59,9 @@ class StepDeadlineHookTest(tf.test.TestCase):
     self.assertEqual(exits, [step_deadline.EXIT_STATUS])
     self.assertEqual(step_deadline.EXIT_STATUS, 1)
     self.assertStartsWith(hook.message, 'Task chief:0 stopped: no training '
-                          'step finished in 68 s (3 x the 20 s collective timeout + 4 x the '
-                          'slowest step, 2.0 s)')
+                          'step, hooks included, finished in 68 s (3 x the '
+                          '20 s collective timeout + 4 x the slowest step, '
+                          '2.0 s)')
     self.assertIn('worker:0 is hung or unreachable', hook.message)
     self.assertIn('run the same command again', hook.message)
     # Fires once.
@@ -68,14 +69,42 @@ class StepDeadlineHookTest(tf.test.TestCase):
     self.assertFalse(hook.check())
     self.assertLen(exits, 1)
 
-  def test_between_steps_nothing_is_watched(self):
-    # Checkpoint saves and evaluation happen outside session.run.
+  def test_a_hook_that_hangs_after_its_step_ends_the_task(self):
+    # E.g. a checkpoint save's own session.run, with the step itself done.
+    hook, clock, exits = self._hook()
+    self._step(hook, clock, 1.0)  # the first step: not counted
+    self._step(hook, clock, 1.0)
+    self._step(hook, clock, 1.0)  # the deadline runs from its start
+    limit = step_deadline.deadline_secs(_TIMEOUT, 1.0)
+    clock.now += limit - 1.0 - 0.1
+    self.assertFalse(hook.check())
+    clock.now += 0.2
+    self.assertTrue(hook.check())
+    self.assertEqual(exits, [step_deadline.EXIT_STATUS])
+
+  def test_slowest_step_counts_the_hooks_after_it(self):
     hook, clock, exits = self._hook()
     self._step(hook, clock, 1.0)
     self._step(hook, clock, 1.0)
-    clock.now += 100 * _TIMEOUT
+    clock.now += 30.0  # a checkpoint save after the step
+    self._step(hook, clock, 1.0)
+    hook.before_run(None)
+    clock.now += step_deadline.deadline_secs(_TIMEOUT, 31.0) - 0.1
     self.assertFalse(hook.check())
-    self.assertEqual(exits, [])
+    clock.now += 0.2
+    self.assertTrue(hook.check())
+    self.assertIn('the slowest step, 31.0 s', hook.message)
+    self.assertLen(exits, 1)
+
+  def test_the_first_steps_hooks_are_watched_but_not_its_run(self):
+    hook, clock, exits = self._hook()
+    hook.before_run(None)
+    clock.now += 500.0  # setup, peers starting late: not counted
+    hook.after_run(None, None)
+    clock.now += step_deadline.deadline_secs(_TIMEOUT, 0.0) + 0.1
+    self.assertTrue(hook.check())
+    self.assertIn('the slowest step, 0.0 s', hook.message)
+    self.assertLen(exits, 1)
 
   def test_watcher_thread_ends_when_stopped(self):
     hook, clock, exits = self._hook(poll_secs=0.01)

@@ -7,17 +7,21 @@ stopped with SIGSTOP keeps its connections open, and a step has been seen
 to wait out two collective timeouts and then keep waiting. The job then
 hangs with every task alive, and nothing in it notices.
 
-`StepDeadlineHook` watches each `session.run` from a thread of its own.
+`StepDeadlineHook` watches the training loop from a thread of its own.
 Once a first step has finished (the first one also sets up the collectives
-and may wait for slow peers to start), a step that has not returned after
+and may wait for slow peers to start), it measures each step from one
+`before_run` to the next: the step's `session.run` and every hook's work
+after it (a checkpoint save's own `session.run` has been seen to hang too,
+with the step itself done). When no new step has begun after
 
     3 x the collective timeout + 4 x the slowest step so far
 
-ends the process with status 1 after printing why, naming the peers. The
+it ends the process with status 1 after printing why, naming the peers. The
 launcher (or the cluster manager) then stops the other tasks, and running
 the job again resumes from the chief's last checkpoint. Three timeouts
 leave the collectives time to fail on their own first, which gives the
-more precise message.
+more precise message. Nothing between two steps may take that long
+anyway: the peers' next collectives would time out waiting for this task.
 """
 
 import os
@@ -58,7 +62,7 @@ def hook_for(strategy):
 
 
 class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
-  """Ends the process when a training step outlives `deadline_secs`.
+  """Ends the process when a step, hooks included, outlives `deadline_secs`.
 
   Args:
     timeout_secs: the collective timeout of the strategy (seconds, > 0).
@@ -83,8 +87,10 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
     self._exit_fn = exit_fn or _hard_exit
     self._poll_secs = poll_secs
     self._lock = threading.Lock()
-    self._started = None   # clock time the running step started, or None
-    self._steps = 0
+    # Clock time the running step began (its before_run), or, right after
+    # the first step, the time that step ended; None until then.
+    self._began = None
+    self._first_done = False
     self._slowest = 0.0
     self._stop = threading.Event()
     self._thread = None
@@ -99,17 +105,22 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
 
   def before_run(self, run_context):
     with self._lock:
-      self._started = self._clock()
+      now = self._clock()
+      if self._began is not None:
+        # The previous step with its hooks (the first one's excepted: its
+        # setup and waiting for peers say nothing about the others).
+        self._slowest = max(self._slowest, now - self._began)
+      if self._first_done:
+        self._began = now
     return None
 
   def after_run(self, run_context, run_values):
     with self._lock:
-      # The first step's time (setup, waiting for peers to start) says
-      # nothing about the others'.
-      if self._started is not None and self._steps:
-        self._slowest = max(self._slowest, self._clock() - self._started)
-      self._started = None
-      self._steps += 1
+      if not self._first_done:
+        # From here on the loop is watched, the rest of this step's hooks
+        # included.
+        self._first_done = True
+        self._began = self._clock()
 
   def end(self, session):
     self.stop()
@@ -118,20 +129,20 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
     """Stops watching (also when training ends by an error)."""
     with self._lock:
       self._stop.set()
-      self._started = None
+      self._began = None
 
   def check(self):
     """Fires if the running step is past its deadline; True if it fired."""
     with self._lock:
-      if (self._started is None or self._steps == 0 or self.message or
-          self._stop.is_set()):
+      if self._began is None or self.message or self._stop.is_set():
         return False
       limit = deadline_secs(self._timeout_secs, self._slowest)
-      waited = self._clock() - self._started
+      waited = self._clock() - self._began
       if waited <= limit:
         return False
       self.message = (
-          'Task %s stopped: no training step finished in %.0f s (%g x the '
+          'Task %s stopped: no training step, hooks included, finished in '
+          '%.0f s (%g x the '
           '%g s collective timeout + %g x the slowest step, %.1f s): %s is '
           'hung or unreachable and its collectives neither completed nor '
           'timed out. %s' % (self._task, waited, _TIMEOUTS, self._timeout_secs,
