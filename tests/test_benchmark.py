@@ -10,6 +10,7 @@ from those numbers (speed only on a CPU with native bfloat16), and the
 README block is generated and spliced. No timing is asserted.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import statistics
 import pytest
 
 from benchmarks import configs
+from benchmarks import head_to_head
 from benchmarks import kernels
 from benchmarks import report
 from benchmarks import runner
@@ -410,3 +412,17 @@ def test_an_inactive_rewrite_is_said_and_not_judged(outputs):
       results['keras_mixed_bfloat16']['throughput_ratio'] >= 1.0)
   assert report.REWRITE_INACTIVE_NOTE in report.markdown(inactive)
   assert report.REWRITE_INACTIVE_NOTE in report.readme_block(inactive)
+
+
+def test_head_to_head_pairs_ours_with_the_rewrite():
+  spec = dataclasses.replace(configs.find_model('mnist_mlp'), batch_size=32)
+  result = head_to_head.compare(spec, windows=3, window_steps=2,
+                                warmup_steps=1)
+  ours = result['windows'][head_to_head.OURS]
+  rewrite = result['windows'][head_to_head.REWRITE]
+  assert len(ours) == len(rewrite) == 3
+  assert all(rate > 0 for rate in ours + rewrite)
+  quotients = [a / b for a, b in zip(ours, rewrite)]
+  assert result['ratio'] == pytest.approx(statistics.median(quotients))
+  q1, q3 = result['ratio_iqr']
+  assert min(quotients) <= q1 <= result['ratio'] <= q3 <= max(quotients)
