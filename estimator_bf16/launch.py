@@ -196,7 +196,7 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
   except _Terminated:
     say('got SIGTERM; passing it to every task (SIGKILL in %g s).' %
         grace_secs)
-    _terminate(processes, grace_secs)
+    _terminate(processes.values(), grace_secs)
     failed, status = 'launch', 128 + signal.SIGTERM
   finally:
     if previous is not None:
@@ -234,22 +234,15 @@ def _stop(processes, grace_secs):
   """Stops the running tasks: grace, SIGTERM, then SIGKILL."""
   running = [p for p in processes.values() if p.poll() is None]
   _wait_all(running, grace_secs)
-  running = [p for p in running if p.poll() is None]
-  for process in running:
-    _signal_group(process, signal.SIGTERM)
-  _wait_all(running, _KILL_AFTER_SECS)
-  for process in running:
-    if process.poll() is None:
-      _signal_group(process, signal.SIGKILL)
-      process.wait()
+  _terminate(running, _KILL_AFTER_SECS)
 
 
-def _terminate(processes, grace_secs):
-  """SIGTERM to every running task now, SIGKILL to those left after grace."""
-  running = [p for p in processes.values() if p.poll() is None]
+def _terminate(processes, kill_after_secs):
+  """SIGTERM to each running process now, SIGKILL to those left after."""
+  running = [p for p in processes if p.poll() is None]
   for process in running:
     _signal_group(process, signal.SIGTERM)
-  _wait_all(running, grace_secs)
+  _wait_all(running, kill_after_secs)
   for process in running:
     if process.poll() is None:
       _signal_group(process, signal.SIGKILL)
