@@ -47,20 +47,10 @@ def compare(spec, *, windows, window_steps=1, warmup_steps=2):
   steps = {precision: graphs.build_train_step(spec, precision,
                                               spec.batch_size)
            for precision in ('float32', OURS)}
-  sessions = {}
-  try:
-    sessions[OURS] = graphs.start_session(steps[OURS])
-    sessions[REWRITE] = graphs.start_session(
-        steps['float32'], graphs.onednn_rewrite_config())
-    ops = {OURS: steps[OURS].train_op, REWRITE: steps['float32'].train_op}
-    variants = {name: (lambda s=sessions[name], op=ops[name]: s.run(op),
-                       spec.batch_size) for name in (OURS, REWRITE)}
-    rates = throughput.alternating_windows(
-        variants, warmup_steps=warmup_steps, window_steps=window_steps,
-        windows=windows)
-  finally:
-    for session in sessions.values():
-      session.close()
+  rates = throughput.time_train_steps(
+      {OURS: steps[OURS], REWRITE: steps['float32']},
+      session_configs={REWRITE: graphs.onednn_rewrite_config()},
+      warmup_steps=warmup_steps, window_steps=window_steps, windows=windows)
   return throughput.summarize(rates, OURS, REWRITE)
 
 

@@ -113,22 +113,9 @@ def measure_overhead(spec, batch_size, *, warmup_steps, window_steps,
       spec, 'bfloat16', batch_size, wrap_model=False, wrap_input=False,
       model_fn_override=graphs.model_fn(
           spec, network_builder=hand_written_network_builder(spec)))
-  sessions = {}
-  try:
-    for name, step in (('wrapped', wrapped), ('hand_written', hand_written)):
-      session = graphs.start_session(step)
-      sessions[name] = session
-    variants = {
-        name: (lambda s=sessions[name], op=step.train_op: s.run(op),
-               batch_size)
-        for name, step in (('wrapped', wrapped),
-                           ('hand_written', hand_written))}
-    rates = throughput.alternating_windows(
-        variants, warmup_steps=warmup_steps, window_steps=window_steps,
-        windows=windows)
-  finally:
-    for session in sessions.values():
-      session.close()
+  rates = throughput.time_train_steps(
+      {'wrapped': wrapped, 'hand_written': hand_written},
+      warmup_steps=warmup_steps, window_steps=window_steps, windows=windows)
   # Step time is the inverse of throughput: hand-written rate over wrapped.
   summary = throughput.summarize(rates, 'hand_written', 'wrapped')
   totals = {name: sum(1.0 / rate for rate in rates[name]) for name in rates}

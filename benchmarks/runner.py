@@ -284,25 +284,13 @@ def _throughput(spec, config, steps):
     {variant: examples/sec per window}, from
     `throughput.alternating_windows`.
   """
-  sessions = {}
-  try:
-    for variant in VARIANTS:
-      step = steps['float32' if variant == REWRITE else variant]
-      sessions[variant] = graphs.start_session(
-          step, graphs.onednn_rewrite_config() if variant == REWRITE
-          else None)
-    variants = {}
-    for variant in VARIANTS:
-      op = steps['float32' if variant == REWRITE else variant].train_op
-      variants[variant] = (lambda s=sessions[variant], op=op: s.run(op),
-                           spec.batch_size)
-    return throughput.alternating_windows(
-        variants, warmup_steps=config.warmup_steps,
-        window_steps=config.steps_per_window(spec.name),
-        windows=config.windows_for(spec.name))
-  finally:
-    for session in sessions.values():
-      session.close()
+  return throughput.time_train_steps(
+      {variant: steps['float32' if variant == REWRITE else variant]
+       for variant in VARIANTS},
+      session_configs={REWRITE: graphs.onednn_rewrite_config()},
+      warmup_steps=config.warmup_steps,
+      window_steps=config.steps_per_window(spec.name),
+      windows=config.windows_for(spec.name))
 
 
 def tpu_plans(specs):
