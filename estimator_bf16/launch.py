@@ -21,6 +21,7 @@ listing every host (docs/distribute.md); this launcher is for trying it on
 one machine.
 """
 
+import contextlib
 import os
 import signal
 import socket
@@ -48,7 +49,9 @@ def define_flags(flag_values=flags.FLAGS):
                     flag_values=flag_values)
   flags.DEFINE_float('grace_secs', 10.0, 'After a failure, how long the '
                      'other processes get to stop on their own before '
-                     'SIGTERM (SIGKILL follows 5 s later).', lower_bound=0.0,
+                     'SIGTERM (SIGKILL follows 5 s later); after a SIGTERM '
+                     'to the launcher, how long the tasks get to stop '
+                     'before SIGKILL.', lower_bound=0.0,
                      flag_values=flag_values)
 
 
@@ -103,13 +106,28 @@ def _stream(process, prefix, out, lock):
   process.stdout.close()
 
 
-class _Terminated(Exception):
-  """The launcher received SIGTERM."""
+@contextlib.contextmanager
+def _sigterm_flag():
+  """Yields an Event that SIGTERM sets while the block runs.
 
-
-def _raise_terminated(signum, frame):
-  del signum, frame
-  raise _Terminated()
+  The tasks run in sessions of their own (a Ctrl-C in the terminal reaches
+  the launcher only), so a launcher that is terminated must pass SIGTERM on
+  or leave them running. The handler only sets the event: it can run between
+  any two statements of the main thread, where raising could abandon the
+  tasks half stopped. Only the main thread may set a handler (elsewhere the
+  event is never set); the previous one is restored on exit.
+  """
+  event = threading.Event()
+  if threading.current_thread() is not threading.main_thread():
+    yield event
+    return
+  previous = signal.signal(signal.SIGTERM, lambda signum, frame: event.set())
+  try:
+    yield event
+  finally:
+    # None: a handler installed outside Python; the default is the nearest.
+    signal.signal(signal.SIGTERM,
+                  signal.SIG_DFL if previous is None else previous)
 
 
 def _exit_status(returncode):
@@ -135,7 +153,8 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
     workers: training processes (a chief plus workers - 1 workers).
     evaluator: also run an evaluator task.
     grace_secs: after a failure, seconds the others get to exit on their
-      own before SIGTERM (SIGKILL follows `_KILL_AFTER_SECS` later).
+      own before SIGTERM (SIGKILL follows `_KILL_AFTER_SECS` later); after
+      a SIGTERM to the launcher, seconds between passing it on and SIGKILL.
     out: where the prefixed output goes (default sys.stdout).
     env: base environment (default os.environ); TF_CONFIG is set per task.
 
@@ -154,53 +173,45 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
       out.write('[launch] %s\n' % message)
       out.flush()
 
-  for job, index in _tasks(jobs):
-    name = '%s:%d' % (job, index)
-    task_env = dict(os.environ if env is None else env)
-    task_env['TF_CONFIG'] = cluster_lib.tf_config(jobs, job, index)
-    task_env['PYTHONUNBUFFERED'] = '1'
-    process = subprocess.Popen(command, env=task_env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    processes[name] = process
-    say('started %s (pid %d) at %s' % (name, process.pid,
-                                       jobs[job][index]))
-    thread = threading.Thread(target=_stream,
-                              args=(process, name, out, lock), daemon=True)
-    thread.start()
-    threads.append(thread)
-
   status = 0
   failed = None
-  # The tasks run in sessions of their own (a Ctrl-C in the terminal reaches
-  # the launcher only), so a launcher that is terminated must pass it on or
-  # leave them running. Only the main thread may set a handler; the previous
-  # one is restored on return.
-  previous = None
-  if threading.current_thread() is threading.main_thread():
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-  try:
-    while any(p.poll() is None for p in processes.values()):
-      for name, process in processes.items():
-        code = process.poll()
-        if code not in (None, 0) and failed is None:
-          failed = name
-          status = _exit_status(code)
-          say('%s %s; stopping the other tasks.' % (name, _describe(code)))
-          _stop(processes, grace_secs)
-      time.sleep(0.05)
-  except KeyboardInterrupt:
-    say('interrupted; stopping every task.')
-    _stop(processes, grace_secs)
-    status = 130
-  except _Terminated:
-    say('got SIGTERM; passing it to every task (SIGKILL in %g s).' %
-        grace_secs)
-    _terminate(processes.values(), grace_secs)
-    failed, status = 'launch', 128 + signal.SIGTERM
-  finally:
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
+  with _sigterm_flag() as terminated:
+    for job, index in _tasks(jobs):
+      name = '%s:%d' % (job, index)
+      task_env = dict(os.environ if env is None else env)
+      task_env['TF_CONFIG'] = cluster_lib.tf_config(jobs, job, index)
+      task_env['PYTHONUNBUFFERED'] = '1'
+      process = subprocess.Popen(command, env=task_env,
+                                 stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+      processes[name] = process
+      say('started %s (pid %d) at %s' % (name, process.pid,
+                                         jobs[job][index]))
+      thread = threading.Thread(target=_stream,
+                                args=(process, name, out, lock), daemon=True)
+      thread.start()
+      threads.append(thread)
+    try:
+      while any(p.poll() is None for p in processes.values()):
+        if terminated.is_set():
+          say('got SIGTERM; passing it to every task (SIGKILL in %g s).' %
+              grace_secs)
+          _terminate(processes.values(), grace_secs)
+          failed, status = 'launch', 128 + signal.SIGTERM
+          break
+        for name, process in processes.items():
+          code = process.poll()
+          if code not in (None, 0) and failed is None:
+            failed = name
+            status = _exit_status(code)
+            say('%s %s; stopping the other tasks.' % (name, _describe(code)))
+            _stop(processes, grace_secs)
+        time.sleep(0.05)
+    except KeyboardInterrupt:
+      say('interrupted; stopping every task.')
+      _stop(processes, grace_secs)
+      status = 130
   for thread in threads:
     thread.join(timeout=5)
   if failed is None and status == 0:
