@@ -141,12 +141,26 @@ class StepDeadlineHookTest(tf.test.TestCase):
     self.assertIn('one of chief:0, worker:0 is hung', hook.message)
 
   def test_stopped_hook_does_not_fire(self):
-    # The running step raised: after_run never comes.
+    # The running step raised: after_run never comes; the owner stops it.
     hook, clock, fired = self._watched_step()
-    hook.end(None)
+    hook.stop()
     clock.now += 1000
     self.assertFalse(hook.check())
     self.assertFalse(fired.wait(0.3))
+
+  def test_closing_hooks_get_a_deadline_from_end(self):
+    # A clean close: end() runs before the final checkpoint save's end().
+    hook, clock, exits = self._hook()
+    for _ in range(3):
+      self._step(hook, clock, 1.0)
+    clock.now += 50.0
+    hook.end(None)
+    limit = step_deadline.deadline_secs(_TIMEOUT, 1.0)
+    clock.now += limit - 0.1
+    self.assertFalse(hook.check())
+    clock.now += 0.2
+    self.assertTrue(hook.check())
+    self.assertLen(exits, 1)
 
   def test_bad_timeout(self):
     for timeout in (0, -1.0, None):

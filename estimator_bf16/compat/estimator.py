@@ -372,16 +372,21 @@ class Estimator(object):
           try:
             while not session.should_stop():
               session.run([spec.train_op, spec.loss])
-          finally:
+          except BaseException:
             # Before the session closes: a failed step's error, not the
             # backstop, is what the task reports.
             if deadline:
               deadline.stop()
+            raise
       except tf.errors.OpError as e:
         failure = strategy and distribute.explain(e, strategy)
         if failure:
           raise failure from e
         raise
+      finally:
+        # After a clean close: the final checkpoint save was watched too.
+        if deadline:
+          deadline.stop()
     return self
 
   def _add_saver(self, scaffold):

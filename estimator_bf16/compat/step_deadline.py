@@ -74,6 +74,11 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
       `os._exit`: the main thread is blocked inside TensorFlow, so only an
       exit of the whole process ends it).
     poll_secs: how often the watcher thread looks at the clock.
+
+  The owner of the session calls `stop()` when training ends: before the
+  session closes after an error (the error is what the task reports), after
+  it closes otherwise (`end()` only restarts the clock for the closing
+  hooks).
   """
 
   def __init__(self, timeout_secs, task, suspects, clock=time.monotonic,
@@ -107,8 +112,9 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
     with self._lock:
       now = self._clock()
       if self._began is not None:
-        # The previous step with its hooks (the first one's excepted: its
-        # setup and waiting for peers say nothing about the others).
+        # The previous step with its hooks (of the first step only its
+        # hooks: its session.run sets up the collectives and waits for
+        # peers, which says nothing about the others).
         self._slowest = max(self._slowest, now - self._began)
       if self._first_done:
         self._began = now
@@ -123,7 +129,12 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
         self._began = self._clock()
 
   def end(self, session):
-    self.stop()
+    # The session closes cleanly; the hooks' end() after this one (the
+    # final checkpoint save) get a deadline of their own, from now. The
+    # owner calls stop() once the session has closed.
+    with self._lock:
+      if self._began is not None:
+        self._began = self._clock()
 
   def stop(self):
     """Stops watching (also when training ends by an error)."""
