@@ -18,6 +18,9 @@ import dataclasses
 from typing import Tuple
 
 MiB = 2**20
+# The variant name of TensorFlow's oneDNN bfloat16 rewrite of the float32
+# graph (a session option), in results, reports and tables.
+REWRITE = 'onednn_rewrite'
 
 
 @dataclasses.dataclass(frozen=True)

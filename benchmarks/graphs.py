@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
+from benchmarks import throughput
 import estimator_bf16 as eb
 from estimator_bf16.models import head
 
@@ -323,3 +324,35 @@ def start_session(step, config=None):
     session.run([tf.compat.v1.global_variables_initializer(),
                  tf.compat.v1.local_variables_initializer()])
   return session
+
+
+def time_train_steps(steps, *, session_configs=None, warmup_steps,
+                     window_steps, windows):
+  """Times training steps in sessions of their own, in alternating windows.
+
+  Args:
+    steps: dict {name: `TrainStep`}, two or more, in window order;
+      two names may share a step (each gets its own session).
+    session_configs: dict {name: ConfigProto} for the sessions that need
+      one (e.g. `onednn_rewrite_config()`); others get defaults.
+    warmup_steps, window_steps, windows: see
+      `throughput.alternating_windows`.
+
+  Returns:
+    What `throughput.alternating_windows` returns, the sessions closed.
+  """
+  session_configs = session_configs or {}
+  sessions = {}
+  try:
+    for name, step in steps.items():
+      sessions[name] = start_session(step, session_configs.get(name))
+    variants = {
+        name: (lambda s=sessions[name], op=step.train_op: s.run(op),
+               step.batch_size)
+        for name, step in steps.items()}
+    return throughput.alternating_windows(
+        variants, warmup_steps=warmup_steps, window_steps=window_steps,
+        windows=windows)
+  finally:
+    for session in sessions.values():
+      session.close()

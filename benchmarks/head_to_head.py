@@ -24,11 +24,11 @@ import json
 import tensorflow as tf
 
 from benchmarks import configs
+from benchmarks.configs import REWRITE
 from benchmarks import graphs
 from benchmarks import throughput
 
 OURS = 'bfloat16'
-REWRITE = 'onednn_rewrite'
 
 
 def compare(spec, *, windows, window_steps=1, warmup_steps=2):
@@ -47,7 +47,7 @@ def compare(spec, *, windows, window_steps=1, warmup_steps=2):
   steps = {precision: graphs.build_train_step(spec, precision,
                                               spec.batch_size)
            for precision in ('float32', OURS)}
-  rates = throughput.time_train_steps(
+  rates = graphs.time_train_steps(
       {OURS: steps[OURS], REWRITE: steps['float32']},
       session_configs={REWRITE: graphs.onednn_rewrite_config()},
       warmup_steps=warmup_steps, window_steps=window_steps, windows=windows)

@@ -113,7 +113,7 @@ def measure_overhead(spec, batch_size, *, warmup_steps, window_steps,
       spec, 'bfloat16', batch_size, wrap_model=False, wrap_input=False,
       model_fn_override=graphs.model_fn(
           spec, network_builder=hand_written_network_builder(spec)))
-  rates = throughput.time_train_steps(
+  rates = graphs.time_train_steps(
       {'wrapped': wrapped, 'hand_written': hand_written},
       warmup_steps=warmup_steps, window_steps=window_steps, windows=windows)
   # Step time is the inverse of throughput: hand-written rate over wrapped.

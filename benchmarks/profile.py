@@ -29,7 +29,7 @@ import tensorflow as tf
 from benchmarks import configs
 from benchmarks import graphs
 
-VARIANTS = ('float32', 'bfloat16', 'onednn_rewrite')
+VARIANTS = ('float32', 'bfloat16', configs.REWRITE)
 _OP_TYPE = re.compile(r'= (\w+)\(')
 _VARIABLE_READS = ('ReadVariableOp', 'VariableV2', 'VarHandleOp',
                    '_MklReadVariableOp')
@@ -143,9 +143,9 @@ def profile_model(spec):
            for p in ('float32', 'bfloat16')}
   results = {}
   for variant in VARIANTS:
-    step = steps['float32' if variant == 'onednn_rewrite' else variant]
+    step = steps['float32' if variant == configs.REWRITE else variant]
     config = (graphs.onednn_rewrite_config()
-              if variant == 'onednn_rewrite' else None)
+              if variant == configs.REWRITE else None)
     session = graphs.start_session(step, config)
     try:
       results[variant] = profile_step(session, step.train_op)

@@ -8,6 +8,8 @@ results.
 import json
 import os
 
+from benchmarks.configs import REWRITE
+
 MiB = 2.0**20
 
 
@@ -21,7 +23,6 @@ EMULATED_NOTE = (
     'is not measurable on it and the speed targets are not judged. Every '
     'other figure (memory, graphs, planner, convergence, build cost) is.')
 
-REWRITE = 'onednn_rewrite'
 REWRITE_INACTIVE_NOTE = (
     "TensorFlow's oneDNN bfloat16 rewrite did not act on this CPU (it needs "
     'AVX512F and oneDNN on): its columns are the float32 graph again, and '

@@ -17,6 +17,7 @@ from absl import logging
 
 from benchmarks import configs
 from benchmarks.configs import MiB
+from benchmarks.configs import REWRITE
 from benchmarks import convergence
 from benchmarks import env as env_lib
 from benchmarks import graphs
@@ -28,8 +29,8 @@ from benchmarks import step_memory
 from benchmarks import throughput
 
 PRECISIONS = ('float32', 'bfloat16')
-# TensorFlow's oneDNN bfloat16 rewrite of the float32 graph (the peer).
-REWRITE = 'onednn_rewrite'
+# float32, ours, and TensorFlow's oneDNN bfloat16 rewrite of the float32
+# graph (the peer).
 VARIANTS = PRECISIONS + (REWRITE,)
 SECTIONS = ('kernels', 'models', 'tpu_plans', 'overhead', 'build_overhead',
             'keras', 'adafactor', 'convergence', 'scaling')
@@ -284,7 +285,7 @@ def _throughput(spec, config, steps):
     {variant: examples/sec per window}, from
     `throughput.alternating_windows`.
   """
-  return throughput.time_train_steps(
+  return graphs.time_train_steps(
       {variant: steps['float32' if variant == REWRITE else variant]
        for variant in VARIANTS},
       session_configs={REWRITE: graphs.onednn_rewrite_config()},

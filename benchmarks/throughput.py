@@ -11,8 +11,6 @@ ratio is the median over rounds of the ratio of that round's two windows.
 import statistics
 import time
 
-from benchmarks import graphs
-
 
 def _time_window(run_step, steps):
   start = time.perf_counter()
@@ -47,36 +45,6 @@ def alternating_windows(variants, *, warmup_steps, window_steps, windows):
       seconds = _time_window(run_step, window_steps)
       rates[name].append(examples * window_steps / seconds)
   return rates
-
-
-def time_train_steps(steps, *, session_configs=None, warmup_steps,
-                     window_steps, windows):
-  """Times training steps in sessions of their own, in alternating windows.
-
-  Args:
-    steps: dict {name: `graphs.TrainStep`}, two or more, in window order;
-      two names may share a step (each gets its own session).
-    session_configs: dict {name: ConfigProto} for the sessions that need
-      one (e.g. `graphs.onednn_rewrite_config()`); others get defaults.
-    warmup_steps, window_steps, windows: see `alternating_windows`.
-
-  Returns:
-    What `alternating_windows` returns, the sessions closed.
-  """
-  session_configs = session_configs or {}
-  sessions = {}
-  try:
-    for name, step in steps.items():
-      sessions[name] = graphs.start_session(step, session_configs.get(name))
-    variants = {
-        name: (lambda s=sessions[name], op=step.train_op: s.run(op),
-               step.batch_size)
-        for name, step in steps.items()}
-    return alternating_windows(variants, warmup_steps=warmup_steps,
-                               window_steps=window_steps, windows=windows)
-  finally:
-    for session in sessions.values():
-      session.close()
 
 
 def summarize(rates, numerator, denominator):

@@ -17,8 +17,11 @@ import os
 import statistics
 
 import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 from benchmarks import configs
+from benchmarks import graphs
 from benchmarks import head_to_head
 from benchmarks import kernels
 from benchmarks import report
@@ -414,15 +417,33 @@ def test_an_inactive_rewrite_is_said_and_not_judged(outputs):
   assert report.REWRITE_INACTIVE_NOTE in report.readme_block(inactive)
 
 
-def test_head_to_head_pairs_ours_with_the_rewrite():
+def test_head_to_head_pairs_ours_with_the_rewrite(monkeypatch):
+  timed = {}
+  real = graphs.time_train_steps
+
+  def spy(steps, **kwargs):
+    timed.update(steps=steps, **kwargs)
+    return real(steps, **kwargs)
+
+  monkeypatch.setattr(graphs, 'time_train_steps', spy)
   spec = dataclasses.replace(configs.find_model('mnist_mlp'), batch_size=32)
-  result = head_to_head.compare(spec, windows=3, window_steps=2,
+  result = head_to_head.compare(spec, windows=4, window_steps=2,
                                 warmup_steps=1)
+  # Ours is the bfloat16 graph; the rewrite runs the float32 one in a
+  # session with TensorFlow's rewrite on.
+  def matmul_dtypes(step):
+    return {op.get_attr('T') for op in step.graph.get_operations()
+            if op.type == 'MatMul'}
+  assert matmul_dtypes(timed['steps'][head_to_head.OURS]) == {tf.bfloat16}
+  assert matmul_dtypes(timed['steps'][configs.REWRITE]) == {tf.float32}
+  rewrite_options = timed['session_configs'][
+      configs.REWRITE].graph_options.rewrite_options
+  assert (rewrite_options.auto_mixed_precision_onednn_bfloat16 ==
+          rewriter_config_pb2.RewriterConfig.ON)
+  assert head_to_head.OURS not in timed['session_configs']
   ours = result['windows'][head_to_head.OURS]
-  rewrite = result['windows'][head_to_head.REWRITE]
-  assert len(ours) == len(rewrite) == 3
+  rewrite = result['windows'][configs.REWRITE]
+  assert len(ours) == len(rewrite) == 4
   assert all(rate > 0 for rate in ours + rewrite)
   quotients = [a / b for a, b in zip(ours, rewrite)]
   assert result['ratio'] == pytest.approx(statistics.median(quotients))
-  q1, q3 = result['ratio_iqr']
-  assert min(quotients) <= q1 <= result['ratio'] <= q3 <= max(quotients)
