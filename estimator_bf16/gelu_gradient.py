@@ -35,7 +35,9 @@ now finds no path through the marked multiply.
 """
 
 import collections
+import contextlib
 import math
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -65,6 +67,28 @@ _SCALAR_OPS = {
 }
 
 
+class _Folded(threading.local):
+  """Tensors `_scalar` computed a value for, while a `mark` is matching."""
+
+  def __init__(self):
+    super().__init__()
+    self.tensors = None  # a list inside `_collecting_folded`, else None
+
+
+_FOLDED = _Folded()
+
+
+@contextlib.contextmanager
+def _collecting_folded():
+  """Yields the list of tensors folded while the block runs."""
+  outer = _FOLDED.tensors
+  _FOLDED.tensors = []
+  try:
+    yield _FOLDED.tensors
+  finally:
+    _FOLDED.tensors = outer
+
+
 def _scalar(tensor, depth=4):
   """The value of a constant scalar (rank 0) tensor, else None.
 
@@ -86,9 +110,8 @@ def _scalar(tensor, depth=4):
       value = operation(*inputs)
     except (ArithmeticError, ValueError):
       return None
-    # As tf.get_static_value does: a fed value would differ from the one
-    # the gradient was built with.
-    tensor.graph.prevent_feeding(tensor)
+    if _FOLDED.tensors is not None:
+      _FOLDED.tensors.append(tensor)
   return float(np.asarray(value, tensor.dtype.as_numpy_dtype))
 
 
@@ -225,8 +248,15 @@ def mark(op):
   Returns:
     True if `op` was marked.
   """
-  if match(op) is None:
+  with _collecting_folded() as folded:
+    gelu = match(op)
+  if gelu is None:
     return False
+  # As tf.get_static_value does for what it folds: a fed value would differ
+  # from the one the gradient is built with. Only for a GELU: a failed
+  # match leaves the model's scalars as feedable as they were.
+  for tensor in folded:
+    tensor.graph.prevent_feeding(tensor)
   autocast_gradients.set_gradient(op, _GRADIENT)
   return True
 

@@ -266,6 +266,16 @@ class GeluGradientTest(tf.test.TestCase, parameterized.TestCase):
       (root,) = [op for op in graph.get_operations() if op.type == 'Sqrt']
       self.assertFalse(graph.is_feedable(root.outputs[0]))
 
+  def test_scalar_outside_a_gelu_stays_feedable(self):
+    # Matching folds it on the way, then finds no GELU.
+    with tf.Graph().as_default() as graph:
+      x = tf.identity(tf.constant([[1.0, -2.0]], BF16))
+      with eb.autocast('bfloat16'):
+        scale = tf.sqrt(tf.constant(2.0, BF16) + tf.constant(0.0, BF16))
+        y = x * (0.5 * (1.0 + tf.math.tanh(x * scale)))
+      self.assertIsNone(gelu_gradient.match(y.op))
+      self.assertTrue(graph.is_feedable(scale))
+
   def test_model_gradient_override_stays(self):
     with tf.Graph().as_default() as graph:
       x = tf.identity(tf.constant([[1.0, -2.0]], BF16))
