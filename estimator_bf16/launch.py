@@ -12,9 +12,11 @@ the failed task's status, naming it: the others first get `--grace_secs` to stop
 training task notices a lost peer within about a second, or within its
 collective timeout if the peer hangs, and exits naming it), then SIGTERM,
 then SIGKILL 5 s later. Success is status 0 once every process has exited
-with 0. A SIGTERM to the launcher (a preemption notice, `kill`) goes to every
-task at once, so each can save and stop (`estimator_bf16.preemption`);
-SIGKILL follows `--grace_secs` later. The launcher then exits with 143.
+with 0. A SIGTERM to the launcher (a preemption notice, `kill`) goes to the
+chief first, which stops after its step and saves a checkpoint
+(`estimator_bf16.preemption`), then, once the chief has exited (at most
+`--grace_secs`), to the others, with SIGKILL 5 s later. The launcher then
+exits with 143.
 
 On several hosts, start the command on each host yourself with a TF_CONFIG
 listing every host (docs/distribute.md); this launcher is for trying it on
@@ -50,8 +52,8 @@ def define_flags(flag_values=flags.FLAGS):
   flags.DEFINE_float('grace_secs', 10.0, 'After a failure, how long the '
                      'other processes get to stop on their own before '
                      'SIGTERM (SIGKILL follows 5 s later); after a SIGTERM '
-                     'to the launcher, how long the tasks get to stop '
-                     'before SIGKILL.', lower_bound=0.0,
+                     'to the launcher, how long the chief gets to save and '
+                     'stop before the others are stopped.', lower_bound=0.0,
                      flag_values=flag_values)
 
 
@@ -154,7 +156,8 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
     evaluator: also run an evaluator task.
     grace_secs: after a failure, seconds the others get to exit on their
       own before SIGTERM (SIGKILL follows `_KILL_AFTER_SECS` later); after
-      a SIGTERM to the launcher, seconds between passing it on and SIGKILL.
+      a SIGTERM to the launcher, seconds the chief gets to save and exit
+      (see `_pass_sigterm_on`).
     out: where the prefixed output goes (default sys.stdout).
     env: base environment (default os.environ); TF_CONFIG is set per task.
 
@@ -195,9 +198,9 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
     try:
       while any(p.poll() is None for p in processes.values()):
         if terminated.is_set():
-          say('got SIGTERM; passing it to every task (SIGKILL in %g s).' %
-              grace_secs)
-          _terminate(processes.values(), grace_secs)
+          say('got SIGTERM; passing it to chief:0, then to the other '
+              'tasks once it has stopped (at most %g s).' % grace_secs)
+          _pass_sigterm_on(processes, grace_secs)
           failed, status = 'launch', 128 + signal.SIGTERM
           break
         for name, process in processes.items():
@@ -258,6 +261,21 @@ def _terminate(processes, kill_after_secs):
     if process.poll() is None:
       _signal_group(process, signal.SIGKILL)
       process.wait()
+
+
+def _pass_sigterm_on(processes, grace_secs):
+  """SIGTERM to the chief, and once it has exited, to the other tasks.
+
+  Each task stops after the step it is in, but a multi-worker step needs
+  every task: tasks signalled together can stop one step apart, and the one
+  ahead then waits in a step its peers never join, and is killed. The chief
+  alone writes checkpoints, so it goes first: its peers finish its last
+  step with it, it saves, and the others' next step then fails at once.
+  """
+  chief = processes.get('chief:0')
+  if chief is not None:
+    _terminate([chief], grace_secs)
+  _terminate(processes.values(), _KILL_AFTER_SECS)
 
 
 def main(argv):

@@ -274,6 +274,41 @@ class MultiWorkerTest(tf.test.TestCase):
     self.assertLess(stopped_after - chief_exited,
                     grace_secs + launch._KILL_AFTER_SECS + 10, tail)
 
+  def test_sigterm_to_the_launcher_keeps_the_chiefs_last_step(self):
+    # A preemption notice to the launcher: the chief stops after its step
+    # and saves it; nothing since the last periodic checkpoint is lost.
+    model_dir = os.path.join(self.get_temp_dir(), 'preempted')
+    command = _command(model_dir, steps=100000,
+                       extra=['--save_checkpoints_steps=100000'])
+    process = _launch(command, grace_secs=30)
+    lines = []
+    reader = threading.Thread(target=_read_into, args=(process, lines),
+                              daemon=True)
+    reader.start()
+    try:
+      deadline = time.monotonic() + 300
+      while not any('step = 200' in line for line in list(lines)):
+        self.assertLess(time.monotonic(), deadline, ''.join(lines[-50:]))
+        self.assertIsNone(process.poll(), ''.join(lines[-50:]))
+        time.sleep(0.05)
+      process.send_signal(signal.SIGTERM)
+      process.wait(timeout=120)
+    finally:
+      if process.poll() is None:
+        for pid in _task_pids(lines).values():
+          _kill_group(pid)
+        process.kill()
+        process.wait()
+    reader.join(timeout=10)
+    output = ''.join(lines)
+    tail = output[-6000:]
+    self.assertEqual(128 + signal.SIGTERM, process.returncode, tail)
+    (stop,) = [line for line in lines if line.startswith('[chief:0] W') and
+               'Stopping at global step ' in line]
+    stopped_at = int(stop.split('Stopping at global step ')[1].split()[0])
+    self.assertGreaterEqual(stopped_at, 200, tail)
+    self.assertEqual(stopped_at, _step(model_dir), tail)
+
 
 class LaunchTest(tf.test.TestCase):
   """The launcher alone, with tiny Python commands instead of training."""
@@ -307,19 +342,19 @@ class LaunchTest(tf.test.TestCase):
     self.assertIn('[launch] worker:0 exited with status 3; stopping the '
                   'other tasks.', out.text())
 
-  def test_sigterm_to_the_launcher_reaches_every_task(self):
+  def test_sigterm_to_the_launcher_goes_to_the_chief_first(self):
     # Each task says when it is ready. The chief then saves and exits on
     # SIGTERM, as a training task does on a preemption notice; the worker
-    # ignores SIGTERM, so only the SIGKILL after the grace ends it.
-    grace_secs = 3
+    # only says it got SIGTERM and runs on, so the SIGKILL after it ends it.
     script = ('import json, os, signal, sys, time; '
               't = json.loads(os.environ["TF_CONFIG"])["task"]["type"]; '
-              'signal.signal(signal.SIGTERM, signal.SIG_IGN if t == "worker" '
-              'else lambda *a: (print("saved", t, flush=True), sys.exit(0))); '
+              'signal.signal(signal.SIGTERM, (lambda *a: print("term worker", '
+              'flush=True)) if t == "worker" else '
+              '(lambda *a: (print("saved chief", flush=True), sys.exit(0)))); '
               'print("ready", flush=True); time.sleep(60)')
     process = subprocess.Popen(
         [sys.executable, '-m', 'estimator_bf16.launch', '--workers=2',
-         '--grace_secs=%d' % grace_secs, '--', sys.executable, '-c', script],
+         '--grace_secs=20', '--', sys.executable, '-c', script],
         cwd=_REPO, env=dict(os.environ, PYTHONPATH=_REPO),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -334,7 +369,7 @@ class LaunchTest(tf.test.TestCase):
       pids = _task_pids(lines)
       start = time.monotonic()
       process.send_signal(signal.SIGTERM)
-      process.wait(timeout=30)
+      process.wait(timeout=60)
       stopped_after = time.monotonic() - start
     finally:
       if process.poll() is None:
@@ -345,12 +380,16 @@ class LaunchTest(tf.test.TestCase):
     reader.join(timeout=10)
     output = ''.join(lines)
     self.assertEqual(128 + signal.SIGTERM, process.returncode, output)
-    self.assertIn('[launch] got SIGTERM; passing it to every task (SIGKILL '
-                  'in 3 s).', output)
-    self.assertIn('[chief:0] saved chief', output)
-    self.assertNotIn('saved worker', output)
-    # The worker outlived SIGTERM by the grace, then SIGKILL ended it.
-    self.assertBetween(stopped_after, grace_secs - 0.5, grace_secs + 10)
+    self.assertIn('[launch] got SIGTERM; passing it to chief:0, then to the '
+                  'other tasks once it has stopped (at most 20 s).', output)
+    # The chief had saved and exited before the worker was signalled, not
+    # after the 20 s grace; the worker outlived SIGTERM by the SIGKILL delay.
+    order = [line for line in lines if line in (
+        '[chief:0] saved chief\n', '[worker:0] term worker\n')]
+    self.assertEqual(['[chief:0] saved chief\n', '[worker:0] term worker\n'],
+                     order, output)
+    kill_after = launch._KILL_AFTER_SECS  # pylint: disable=protected-access
+    self.assertBetween(stopped_after, kill_after - 0.5, kill_after + 10)
     for pid in pids.values():
       with self.assertRaises(ProcessLookupError):
         os.kill(pid, 0)
