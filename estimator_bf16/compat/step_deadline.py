@@ -12,7 +12,9 @@ Once a first step has finished (the first one also sets up the collectives
 and may wait for slow peers to start), it measures each step from one
 `before_run` to the next: the step's `session.run` and every hook's work
 after it (a checkpoint save's own `session.run` has been seen to hang too,
-with the step itself done). When no new step has begun after
+with the step itself done), and at the end, from `end()`, the hooks that
+close the session (the final checkpoint save). When no new step has begun
+(or the close has not finished) after
 
     3 x the collective timeout + 4 x the slowest step so far
 
