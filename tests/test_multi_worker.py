@@ -8,6 +8,7 @@ lost task, and the same command then resumes from the chief's last
 checkpoint to the final step.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -119,6 +120,41 @@ def _kill_group(pid):
     pass
 
 
+@contextlib.contextmanager
+def _drained(process, arrivals=None):
+  """Yields the list of the launcher's output lines, filled as they come.
+
+  Drained all along: a full pipe would stall the launcher and the job. On
+  exit, a launcher still running is killed with its tasks (they run in
+  sessions of their own, so killing the launcher alone would leave them).
+  """
+  lines = []
+  reader = threading.Thread(target=_read_into,
+                            args=(process, lines, arrivals), daemon=True)
+  reader.start()
+  try:
+    yield lines
+  finally:
+    if process.poll() is None:
+      for pid in _task_pids(lines).values():
+        _kill_group(pid)
+      process.kill()
+      process.wait()
+    reader.join(timeout=10)
+
+
+def _wait_until(condition, lines, process, timeout=300):
+  """Polls `condition()`; fails with the job's last lines if it ends first."""
+  deadline = time.monotonic() + timeout
+  while not condition():
+    if process.poll() is not None:
+      raise AssertionError('the job ended first:\n' + ''.join(lines[-50:]))
+    if time.monotonic() > deadline:
+      raise AssertionError('not within %d s:\n%s' % (
+          timeout, ''.join(lines[-50:])))
+    time.sleep(0.05)
+
+
 def _step(path):
   return int(tf.train.load_checkpoint(path).get_tensor('global_step'))
 
@@ -161,38 +197,21 @@ class MultiWorkerTest(tf.test.TestCase):
       for the lines printed after the signal).
     """
     process = _launch(command, **launch_args)
-    lines = []
     arrivals = []
-    # Drained all along: a full pipe would stall the launcher and the job.
-    reader = threading.Thread(target=_read_into,
-                              args=(process, lines, arrivals), daemon=True)
-    reader.start()
-    first = os.path.join(model_dir, 'model.ckpt-50.index')
-    deadline = time.monotonic() + 300
-    while not os.path.exists(first):
-      self.assertLess(time.monotonic(), deadline, ''.join(lines[-50:]))
-      self.assertIsNone(process.poll(), ''.join(lines[-50:]))
-      time.sleep(0.05)
-    worker_pid = _task_pids(lines)['worker:0']
-    os.kill(worker_pid, sig)
-    signalled_at = time.monotonic()
-    try:
-      process.wait(timeout=_WAIT_BOUND_SECS)
-    except subprocess.TimeoutExpired:
-      # Tasks run in sessions of their own: killing the launcher alone
-      # would leave them running.
-      for pid in _task_pids(lines).values():
-        _kill_group(pid)
-      process.kill()
-      process.wait()
-      reader.join(timeout=10)
-      self.fail('the job was still running %d s after the signal; what it '
-                'printed after the signal:\n%s' % (
-                    _WAIT_BOUND_SECS, ''.join(
-                        line for at, line in arrivals
-                        if at >= signalled_at)[-8000:]))
-    stopped_after = time.monotonic() - signalled_at
-    reader.join(timeout=10)
+    with _drained(process, arrivals) as lines:
+      first = os.path.join(model_dir, 'model.ckpt-50.index')
+      _wait_until(lambda: os.path.exists(first), lines, process)
+      os.kill(_task_pids(lines)['worker:0'], sig)
+      signalled_at = time.monotonic()
+      try:
+        process.wait(timeout=_WAIT_BOUND_SECS)
+      except subprocess.TimeoutExpired:
+        self.fail('the job was still running %d s after the signal; what '
+                  'it printed after the signal:\n%s' % (
+                      _WAIT_BOUND_SECS, ''.join(
+                          line for at, line in arrivals
+                          if at >= signalled_at)[-8000:]))
+      stopped_after = time.monotonic() - signalled_at
     after = {line: at - signalled_at for at, line in arrivals
              if at >= signalled_at}
     return process, stopped_after, ''.join(lines), after
@@ -281,25 +300,12 @@ class MultiWorkerTest(tf.test.TestCase):
     command = _command(model_dir, steps=100000,
                        extra=['--save_checkpoints_steps=100000'])
     process = _launch(command, grace_secs=30)
-    lines = []
-    reader = threading.Thread(target=_read_into, args=(process, lines),
-                              daemon=True)
-    reader.start()
-    try:
-      deadline = time.monotonic() + 300
-      while not any('step = 200' in line for line in list(lines)):
-        self.assertLess(time.monotonic(), deadline, ''.join(lines[-50:]))
-        self.assertIsNone(process.poll(), ''.join(lines[-50:]))
-        time.sleep(0.05)
+    with _drained(process) as lines:
+      _wait_until(
+          lambda: any('step = 200' in line for line in list(lines)), lines,
+          process)
       process.send_signal(signal.SIGTERM)
       process.wait(timeout=120)
-    finally:
-      if process.poll() is None:
-        for pid in _task_pids(lines).values():
-          _kill_group(pid)
-        process.kill()
-        process.wait()
-    reader.join(timeout=10)
     output = ''.join(lines)
     tail = output[-6000:]
     self.assertEqual(128 + signal.SIGTERM, process.returncode, tail)
@@ -352,32 +358,16 @@ class LaunchTest(tf.test.TestCase):
               'flush=True)) if t == "worker" else '
               '(lambda *a: (print("saved chief", flush=True), sys.exit(0)))); '
               'print("ready", flush=True); time.sleep(60)')
-    process = subprocess.Popen(
-        [sys.executable, '-m', 'estimator_bf16.launch', '--workers=2',
-         '--grace_secs=20', '--', sys.executable, '-c', script],
-        cwd=_REPO, env=dict(os.environ, PYTHONPATH=_REPO),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    reader = threading.Thread(target=_read_into, args=(process, lines),
-                              daemon=True)
-    reader.start()
-    try:
-      deadline = time.monotonic() + 60
-      while sum(line.endswith('] ready\n') for line in list(lines)) < 2:
-        self.assertLess(time.monotonic(), deadline, ''.join(lines))
-        time.sleep(0.05)
+    process = _launch([sys.executable, '-c', script], grace_secs=20)
+    with _drained(process) as lines:
+      _wait_until(lambda: sum(line.endswith('] ready\n')
+                              for line in list(lines)) == 2, lines, process,
+                  timeout=60)
       pids = _task_pids(lines)
       start = time.monotonic()
       process.send_signal(signal.SIGTERM)
       process.wait(timeout=60)
       stopped_after = time.monotonic() - start
-    finally:
-      if process.poll() is None:
-        for pid in _task_pids(lines).values():
-          _kill_group(pid)
-        process.kill()
-        process.wait()
-    reader.join(timeout=10)
     output = ''.join(lines)
     self.assertEqual(128 + signal.SIGTERM, process.returncode, output)
     self.assertIn('[launch] got SIGTERM; passing it to chief:0, then to the '
