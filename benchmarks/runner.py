@@ -155,7 +155,8 @@ def memory_rounds(steps, rounds):
   free chunks (it hands out a whole chunk up to twice the request) depends
   on what earlier sessions left, so the same step peaks several MiB apart
   after different ones. The variants are therefore measured in rounds, in
-  alternating order (A B C, C B A, ...), and each keeps the measurement
+  the order of the timing windows (`throughput.window_order`: each variant
+  follows each other one equally often), and each keeps the measurement
   with its median allocator peak; every allocator peak is kept in
   'peak_step_bytes_runs'.
 
@@ -169,8 +170,8 @@ def memory_rounds(steps, rounds):
     peak, plus 'peak_step_bytes_runs'}.
   """
   runs = {variant: [] for variant in VARIANTS}
-  for index in range(rounds):
-    for variant in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:
+  for order in throughput.window_order(VARIANTS, rounds):
+    for variant in order:
       runs[variant].append(step_memory.measure_step_memory(
           steps['float32' if variant == REWRITE else variant],
           graphs.onednn_rewrite_config() if variant == REWRITE else None))

@@ -1,11 +1,18 @@
 """Training throughput, measured side by side.
 
 This machine is shared, so its speed drifts while a benchmark runs. The
-variants being compared therefore run in one process, alternating: round r
-times one window of each variant, in the order A B in even rounds and B A in
-odd ones, so a slow spell hits both alike. Each window is a few steps after
-warm-up; a variant's examples/sec is the median over its windows, and a
-ratio is the median over rounds of the ratio of that round's two windows.
+variants being compared therefore run in one process, alternating: each
+round times one window of every variant, so a slow spell hits them alike.
+Each window is a few steps after warm-up; a variant's examples/sec is the
+median over its windows, and a ratio is the median over rounds of the ratio
+of that round's two windows.
+
+Which variant ran just before a window matters too. Sessions of one process
+share the CPU's caches, TensorFlow's allocator and oneDNN's cache of
+compiled kernels, and a window that follows another graph (a float32 one
+before a bfloat16 one, say) can start colder than one that follows its own.
+`window_order` therefore arranges the rounds so that every variant is
+preceded by every other one, and by itself, equally often.
 """
 
 import statistics
@@ -17,6 +24,38 @@ def _time_window(run_step, steps):
   for _ in range(steps):
     run_step()
   return time.perf_counter() - start
+
+
+def window_order(names, windows):
+  """The order of the windows: one list of all `names` per round.
+
+  Two variants run A B, B A, A B, ... (each follows itself and the other
+  equally often). Three or more alternate between the given order and the
+  first name followed by the others reversed: A B C, A C B, A B C, ... No
+  variant then follows itself, and with three, each one follows each of the
+  other two once every two rounds. Reversing the whole order in odd rounds
+  (A B C, C B A) would not do: A and C would follow themselves every other
+  round and B never would, and B would be the only one to follow A.
+
+  Args:
+    names: the variants, two or more distinct names.
+    windows: the number of rounds.
+
+  Returns:
+    list of `windows` lists, each a permutation of `names`.
+
+  Raises:
+    ValueError: fewer than two names, or a name given twice.
+  """
+  names = list(names)
+  if len(names) < 2 or len(set(names)) != len(names):
+    raise ValueError('window_order needs two or more distinct variants, got '
+                     '%r.' % (names,))
+  if len(names) == 2:
+    other = names[::-1]
+  else:
+    other = names[:1] + names[:0:-1]
+  return [list(names if r % 2 == 0 else other) for r in range(windows)]
 
 
 def alternating_windows(variants, *, warmup_steps, window_steps, windows):
@@ -38,8 +77,7 @@ def alternating_windows(variants, *, warmup_steps, window_steps, windows):
     for _ in range(warmup_steps):
       run_step()
   rates = {name: [] for name in names}
-  for round_index in range(windows):
-    order = names if round_index % 2 == 0 else names[::-1]
+  for order in window_order(names, windows):
     for name in order:
       run_step, examples = variants[name]
       seconds = _time_window(run_step, window_steps)

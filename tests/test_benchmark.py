@@ -27,6 +27,7 @@ from benchmarks import kernels
 from benchmarks import report
 from benchmarks import runner
 from benchmarks import step_memory
+from benchmarks import throughput
 from estimator_bf16 import cpu
 from estimator_bf16 import peak_memory as memory_lib
 from scripts import update_readme
@@ -447,3 +448,42 @@ def test_head_to_head_pairs_ours_with_the_rewrite(monkeypatch):
   assert all(rate > 0 for rate in ours + rewrite)
   quotients = [a / b for a, b in zip(ours, rewrite)]
   assert result['ratio'] == pytest.approx(statistics.median(quotients))
+
+
+def _predecessors(sequence):
+  """{(before, after): count} over consecutive windows of `sequence`."""
+  counts = {}
+  for before, after in zip(sequence, sequence[1:]):
+    counts[before, after] = counts.get((before, after), 0) + 1
+  return counts
+
+
+@pytest.mark.parametrize('names', [('a', 'b'), ('f32', 'ours', 'rewrite')])
+def test_every_variant_follows_every_variant_equally_often(names):
+  # A window that follows another graph can start colder than one that
+  # follows its own; no variant may be favoured by its place in the rounds.
+  calls = []
+  variants = {name: (lambda name=name: calls.append(name), 1)
+              for name in names}
+  windows = 8
+  rates = throughput.alternating_windows(
+      variants, warmup_steps=1, window_steps=1, windows=windows)
+  timed = calls[len(names):]  # after one warm-up step each
+  assert timed == [name for order in throughput.window_order(names, windows)
+                   for name in order]
+  assert all(len(rates[name]) == windows for name in names)
+  counts = _predecessors(timed)
+  itself = {counts.get((name, name), 0) for name in names}
+  others = {counts.get((before, after), 0)
+            for before in names for after in names if before != after}
+  # 8 rounds give 8 * len(names) - 1 transitions: one pair may be one short.
+  assert max(itself) - min(itself) <= 1, counts
+  assert max(others) - min(others) <= 1, counts
+  assert min(others) >= 2, counts
+
+
+def test_window_order_rejects_what_it_cannot_balance():
+  with pytest.raises(ValueError, match='two or more distinct'):
+    throughput.window_order(['ours'], 4)
+  with pytest.raises(ValueError, match='two or more distinct'):
+    throughput.window_order(['ours', 'ours'], 4)
