@@ -276,6 +276,26 @@ def find_model(name):
   return known[name]
 
 
+def for_emulated_bfloat16(config):
+  """`config` with the least timing that still gives every speed figure.
+
+  Without AVX512-BF16 or AMX, TensorFlow emulates bfloat16 on float32
+  copies: a bfloat16 step of ResNet-50 at 224x224 then takes minutes on 2
+  cores, and the report judges no speed there (`report.EMULATED_NOTE`).
+  Each model gets one warm-up step and one timing window; sizes, memory
+  rounds and every other setting stay, so every figure is still produced.
+
+  Args:
+    config: a `BenchmarkConfig`.
+
+  Returns:
+    A copy of `config` with `warmup_steps=1`, `windows=1` and no
+    per-model window counts.
+  """
+  return dataclasses.replace(config, warmup_steps=1, windows=1,
+                             model_windows=())
+
+
 def get_config(mode):
   """Returns the `BenchmarkConfig` of `mode` ('quick' or 'full')."""
   if mode not in ('quick', 'full'):

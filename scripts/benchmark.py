@@ -44,6 +44,12 @@ def parse_args(argv=None):
                       help='Comma-separated subset of: kernels, models, '
                       'tpu_plans, overhead, build_overhead, keras, '
                       'adafactor, convergence.')
+  parser.add_argument('--time_emulated', action='store_true',
+                      help='On a CPU without native bfloat16, time as many '
+                      'windows as on a native one. By default each model '
+                      'then gets one warm-up step and one window: speed is '
+                      'not judged there, and an emulated bfloat16 step of '
+                      'ResNet-50 takes minutes.')
   parser.add_argument('--verbose', action='store_true',
                       help="Also show TensorFlow's own INFO logs.")
   return parser.parse_args(argv)
@@ -68,6 +74,7 @@ def main(argv=None):
   from benchmarks import configs
   from benchmarks import report
   from benchmarks import runner
+  from estimator_bf16 import cpu
   sections = _sections(args.sections, runner.SECTIONS)
   # Progress lines (absl) at INFO; TensorFlow's Estimator chatter only when
   # asked for.
@@ -77,6 +84,13 @@ def main(argv=None):
     import tensorflow as tf
     tf.get_logger().setLevel('ERROR')
   config = configs.get_config('quick' if args.quick else 'full')
+  support = cpu.bfloat16_support()
+  if support.native is False and not args.time_emulated:
+    logging.warning(
+        'bfloat16 is emulated on this CPU (%s): its speed is not measurable '
+        'here, so each model gets one warm-up step and one timing window '
+        '(--time_emulated times them all).', support.reason)
+    config = configs.for_emulated_bfloat16(config)
 
   results = runner.run(config, args.out, sections)
   table = report.write_outputs(results, args.out)

@@ -30,6 +30,7 @@ from benchmarks import step_memory
 from benchmarks import throughput
 from estimator_bf16 import cpu
 from estimator_bf16 import peak_memory as memory_lib
+from scripts import benchmark as benchmark_program
 from scripts import update_readme
 
 MiB = configs.MiB
@@ -487,3 +488,28 @@ def test_window_order_rejects_what_it_cannot_balance():
     throughput.window_order(['ours'], 4)
   with pytest.raises(ValueError, match='two or more distinct'):
     throughput.window_order(['ours', 'ours'], 4)
+
+
+@pytest.mark.parametrize('native, time_emulated, cut', [
+    (True, False, False), (None, False, False), (False, False, True),
+    (False, True, False)])
+def test_the_program_cuts_timing_only_where_bfloat16_is_emulated(
+    monkeypatch, tmp_path, native, time_emulated, cut):
+  ran = {}
+  monkeypatch.setattr(cpu, 'bfloat16_support', lambda: cpu.Bfloat16Support(
+      native, (), 'stated by the test'))
+  monkeypatch.setattr(runner, 'run', lambda config, out, sections: ran.update(
+      config=config) or {})
+  monkeypatch.setattr(report, 'write_outputs', lambda results, out: '')
+  benchmark_program.main(['--quick', '--out', str(tmp_path)] +
+                         (['--time_emulated'] if time_emulated else []))
+  quick = configs.get_config('quick')
+  config = ran['config']
+  assert config.models == quick.models  # sizes are never cut
+  assert config.memory_rounds == quick.memory_rounds
+  if cut:
+    assert (config.warmup_steps, config.windows) == (1, 1)
+    assert all(config.windows_for(m.name) == 1 for m in config.models)
+    assert config.steps_per_window('resnet50_224px') == 1
+  else:
+    assert config == quick
