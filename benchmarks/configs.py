@@ -282,8 +282,10 @@ def for_emulated_bfloat16(config):
   Without AVX512-BF16 or AMX, TensorFlow emulates bfloat16 on float32
   copies: a bfloat16 step of ResNet-50 at 224x224 then takes minutes on 2
   cores, and the report judges no speed there (`report.EMULATED_NOTE`).
-  Each model gets one warm-up step and one timing window; sizes, memory
-  rounds and every other setting stay, so every figure is still produced.
+  Every section gets one warm-up step, and each model and the Keras
+  comparison one timing window; sizes, memory rounds and the wrapper
+  overhead's and kernel probe's windows stay, so every figure is still
+  produced (a ratio from one window has no interquartile range).
 
   Args:
     config: a `BenchmarkConfig`.

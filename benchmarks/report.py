@@ -359,13 +359,15 @@ def _other_tables(results):
                   scale['scaling_efficiency'], scale['note'])]
   keras = results.get('keras_mixed_bfloat16')
   if keras:
+    # One window (a CPU that emulates bfloat16) gives no spread.
+    spread = keras.get('throughput_ratio_iqr')
     lines += ['', '**Against Keras mixed_bfloat16** (MNIST MLP, batch %d): '
-              'throughput ours/Keras %.2f (IQR %.2f-%.2f), peak memory '
+              'throughput ours/Keras %.2f%s, peak memory '
               'ours/Keras %.2f (%.1f vs %.1f MiB); Keras\'s own bf16/fp32: '
               'throughput %.2f, memory %.2f.' % (
                   keras['batch_size'], keras['throughput_ratio'],
-                  keras['throughput_ratio_iqr'][0],
-                  keras['throughput_ratio_iqr'][1], keras['memory_ratio'],
+                  ' (IQR %.2f-%.2f)' % tuple(spread) if spread else '',
+                  keras['memory_ratio'],
                   keras['ours_bfloat16']['peak_step_bytes'] / MiB,
                   keras['keras_mixed_bfloat16']['peak_step_bytes'] / MiB,
                   keras['keras_bfloat16_over_float32_throughput'],

@@ -156,7 +156,8 @@ def memory_rounds(steps, rounds):
   on what earlier sessions left, so the same step peaks several MiB apart
   after different ones. The variants are therefore measured in rounds, in
   the order of the timing windows (`throughput.window_order`: each variant
-  follows each other one equally often), and each keeps the measurement
+  follows each other one as evenly as the number of rounds allows), and
+  each keeps the measurement
   with its median allocator peak; every allocator peak is kept in
   'peak_step_bytes_runs'.
 
