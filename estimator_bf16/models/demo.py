@@ -15,7 +15,9 @@ import os
 # The allocator statistics PeakMemoryHook reads exist only if this is set
 # before TensorFlow is imported (estimator_bf16.peak_memory.ALLOCATOR_ENV).
 os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # C++ info lines
+# C++ info lines; under `python -m` the package has loaded TensorFlow, and
+# with it the log level, already (the Makefile sets it for `make demo`).
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
