@@ -46,9 +46,9 @@ def window_order(names, windows):
     list of `windows` lists, each a permutation of `names`.
 
   Raises:
-    ValueError: not two or three names, or a name given twice. With four
-      variants no such order of rounds exists in which every variant
-      follows every other one equally often.
+    ValueError: not two or three names, or a name given twice. (The
+      alternation above leaves some pairs of four variants never
+      adjacent; timing four needs an order of its own.)
   """
   names = list(names)
   if len(names) not in (2, 3) or len(set(names)) != len(names):
