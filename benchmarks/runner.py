@@ -157,9 +157,8 @@ def memory_rounds(steps, rounds):
   after different ones. The variants are therefore measured in rounds, in
   the order of the timing windows (`throughput.window_order`: each variant
   follows each other one as evenly as the number of rounds allows), and
-  each keeps the measurement
-  with its median allocator peak; every allocator peak is kept in
-  'peak_step_bytes_runs'.
+  each keeps the measurement with its median allocator peak; every
+  allocator peak is kept in 'peak_step_bytes_runs'.
 
   Args:
     steps: {precision: `graphs.TrainStep`}; the rewrite runs the float32
