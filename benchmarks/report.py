@@ -31,6 +31,16 @@ _VARIANT_LABELS = (('float32', 'fp32'), ('bfloat16', 'ours'),
                    (REWRITE, 'TF rewrite'))
 
 
+def _iqr_text(spread):
+  """' (IQR q1-q3)' of a timed ratio, or '' when it has none.
+
+  A ratio from a single window (a CPU that emulates bfloat16 gets one,
+  `configs.for_emulated_bfloat16`) has no spread: `throughput.summarize`
+  gives None.
+  """
+  return ' (IQR %.2f-%.2f)' % tuple(spread) if spread else ''
+
+
 def _native(results):
   return bool(results['env'].get('bfloat16_kernels_native',
                                   results['env'].get('native_bfloat16')))
@@ -75,8 +85,7 @@ def targets(results):
     # on a shared machine, 0.98 with an IQR of 0.95-1.02 is a tie.
     measured = '; '.join(
         '%s %.2f' % (label, value) + (
-            ' (IQR %.2f-%.2f)' % tuple(spreads[label])
-            if spreads.get(label) else '')
+            _iqr_text(spreads.get(label)))
         for label, value in values) or 'n/a'
     met = all(check(v) for _, v in values) if values else None
     if speed and not native and values:
@@ -359,14 +368,12 @@ def _other_tables(results):
                   scale['scaling_efficiency'], scale['note'])]
   keras = results.get('keras_mixed_bfloat16')
   if keras:
-    # One window (a CPU that emulates bfloat16) gives no spread.
-    spread = keras.get('throughput_ratio_iqr')
     lines += ['', '**Against Keras mixed_bfloat16** (MNIST MLP, batch %d): '
               'throughput ours/Keras %.2f%s, peak memory '
               'ours/Keras %.2f (%.1f vs %.1f MiB); Keras\'s own bf16/fp32: '
               'throughput %.2f, memory %.2f.' % (
                   keras['batch_size'], keras['throughput_ratio'],
-                  ' (IQR %.2f-%.2f)' % tuple(spread) if spread else '',
+                  _iqr_text(keras.get('throughput_ratio_iqr')),
                   keras['memory_ratio'],
                   keras['ours_bfloat16']['peak_step_bytes'] / MiB,
                   keras['keras_mixed_bfloat16']['peak_step_bytes'] / MiB,

@@ -10,6 +10,7 @@ from those numbers (speed only on a CPU with native bfloat16), and the
 README block is generated and spliced. No timing is asserted.
 """
 
+import collections
 import dataclasses
 import json
 import math
@@ -461,14 +462,6 @@ def test_head_to_head_pairs_ours_with_the_rewrite(monkeypatch):
   assert result['ratio'] == pytest.approx(statistics.median(quotients))
 
 
-def _predecessors(sequence):
-  """{(before, after): count} over consecutive windows of `sequence`."""
-  counts = {}
-  for before, after in zip(sequence, sequence[1:]):
-    counts[before, after] = counts.get((before, after), 0) + 1
-  return counts
-
-
 @pytest.mark.parametrize('names, itself, each_other', [
     (('a', 'b'), 4, 4), (('f32', 'ours', 'rewrite'), 0, 4)])
 def test_every_variant_follows_every_variant_equally_often(
@@ -486,7 +479,8 @@ def test_every_variant_follows_every_variant_equally_often(
                    for name in order]
   assert all(len(rates[name]) == windows for name in names)
   # Every timed window's predecessor, the last warm-up step's included.
-  counts = _predecessors(calls[len(names) - 1:])
+  preceded = calls[len(names) - 1:]
+  counts = collections.Counter(zip(preceded, preceded[1:]))
   assert sum(counts.values()) == windows * len(names)
   for before in names:
     for after in names:
