@@ -32,6 +32,11 @@ class _StopHook(tf.compat.v1.train.SessionRunHook):
     if self._stopper.step is not None:
       self._stopper.step += self._steps_per_run
     if self._stopper.requested:
+      global_step = tf.compat.v1.train.get_global_step()
+      if global_step is not None:
+        # Read once, at the stop: exact whatever one run trains (a TPU
+        # loop of a length the caller may not know).
+        self._stopper.step = int(run_context.session.run(global_step))
       logging.warning('Stopping at global step %s on %s; the final '
                       'checkpoint is written as training closes.',
                       self._stopper.step, self._stopper.signal_name)
@@ -49,8 +54,10 @@ class SignalStopper(object):
   Attributes:
     requested: True once a signal arrived.
     signal_name: e.g. 'SIGTERM', once a signal arrived.
-    step: global step after the last completed `session.run` (exact when
-      `steps_per_run` matches the loop), or None before training starts.
+    step: global step after the last completed `session.run`, or None
+      before training starts: counted `steps_per_run` a run, and read from
+      the graph once a signal has stopped the loop (exact then, whatever
+      `steps_per_run` says).
     hook: the `SessionRunHook` that requests the stop.
   """
 

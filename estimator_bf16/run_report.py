@@ -1,7 +1,8 @@
 """The reports of `python -m estimator_bf16 run` and `check`.
 
 `run` ends with one short report (precision, bfloat16 share of matmul/conv
-FLOPs, audit problems, measured peak step memory). `check` prints the audit
+FLOPs, audit problems, measured peak step memory, a stop by SIGTERM and the
+checkpoint it left). `check` prints the audit
 of the program's TRAIN graph and a memory plan: the batch per TPU v2 / v3
 core in each precision, with Adam and with Adafactor.
 """
@@ -112,6 +113,10 @@ def format_run_report(result):
   if result.peak_bytes:
     lines.append('peak training-step memory (CPU allocator, measured): '
                  '%.1f MiB' % (result.peak_bytes / MiB))
+  if result.stopped_by:
+    lines.append('stopped by %s during training, after the current step; '
+                 'newest checkpoint: %s (the same command resumes from it)' %
+                 (result.stopped_by, result.stop_checkpoint or 'none'))
   lines.append('exit code: %d' % result.exit_code)
   return '\n'.join(lines) + '\n'
 

@@ -16,7 +16,12 @@ resolve), absl flags and `app.run` behave the same. While it runs:
 * `TPUClusterResolver('')` gets a local stand-in when no TPU is around
   (`estimator_bf16.tpu_resolver`);
 * on TensorFlow 2.16+ the compat backend is installed first, so
-  `tf.estimator` imports resolve.
+  `tf.estimator` imports resolve;
+* a SIGTERM during such a `train` call (a preemptible VM's notice) stops
+  training after the current step (TPU loop), the Estimator writes a
+  checkpoint of that step as it closes, and the program ends there with
+  exit code 143, without evaluating or exporting
+  (`estimator_bf16.preemption`). A second SIGTERM exits at once.
 
 Everything is put back when the program ends, also when it raises or exits.
 With `precision='float32'` the graph is not changed: the model_fn is only
@@ -29,6 +34,7 @@ import functools
 import inspect
 import os
 import runpy
+import signal
 import sys
 import threading
 import traceback
@@ -40,6 +46,7 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16 import peak_memory as memory_lib
+from estimator_bf16 import preemption
 from estimator_bf16 import tpu_resolver
 
 AUDIT_MODES = ('strict', 'warn', 'off')
@@ -50,6 +57,19 @@ _TPU_PARAMS = ('batch_size', 'use_tpu', 'context', 'precision')
 
 class ProgramError(ValueError):
   """The program cannot be run at all (missing file, bad options)."""
+
+
+class _Preempted(BaseException):
+  """Raised out of a `train` call that a signal stopped, to end the program.
+
+  A BaseException, like SystemExit: the program's `except Exception` must
+  not carry on into evaluation or export on a machine that is going away.
+  """
+
+  def __init__(self, signal_name, checkpoint):
+    super().__init__(signal_name, checkpoint)
+    self.signal_name = signal_name
+    self.checkpoint = checkpoint
 
 
 class _TrainGraphBuilt(BaseException):
@@ -97,6 +117,10 @@ class RunResult:
     plans: in check mode, {(precision, optimizer): MemoryPlan}.
     plan_error: why the plans are missing, if they are.
     error: the exception that ended the program, formatted, if any.
+    stopped_by: the signal that stopped training and ended the program
+      ('SIGTERM'), or None.
+    stop_checkpoint: the newest checkpoint of the stopped estimator's
+      model_dir after the stop (the one a rerun restores), or None.
   """
   program: str
   precision: str
@@ -109,6 +133,8 @@ class RunResult:
   plans: dict = dataclasses.field(default_factory=dict)
   plan_error: Optional[str] = None
   error: Optional[str] = None
+  stopped_by: Optional[str] = None
+  stop_checkpoint: Optional[str] = None
 
   @property
   def problems(self):
@@ -276,7 +302,11 @@ class _Session(object):
   # train / evaluate / predict ---------------------------------------------
 
   def patched_entry(self, original, name):
-    """`train` / `evaluate` / `predict` that wrap the input_fn."""
+    """`train` / `evaluate` / `predict` that wrap the input_fn.
+
+    `train` also stops after the current step on SIGTERM and then ends the
+    program (`_Preempted`), once the Estimator has saved that step.
+    """
     session = self
 
     def entry(estimator, *args, **kwargs):
@@ -286,11 +316,26 @@ class _Session(object):
       arguments = bound.arguments
       arguments['input_fn'] = eb.wrap_input_fn(
           arguments['input_fn'], session.precision, exclude=session.exclude)
-      if name == 'train' and session.memory:
+      if name != 'train':
+        return original(*bound.args, **bound.kwargs)
+      hooks = list(arguments.get('hooks') or [])
+      if session.memory:
         hook = memory_lib.PeakMemoryHook()
         session.hooks.append(hook)
-        arguments['hooks'] = list(arguments.get('hooks') or []) + [hook]
-      return original(*bound.args, **bound.kwargs)
+        hooks.append(hook)
+      # SIGTERM is handled only while the program trains, where stopping
+      # after the step saves work; elsewhere (evaluation, export, between
+      # calls) the newest checkpoint is already complete and the default
+      # action, an immediate exit, loses nothing. The handler is restored
+      # when the call returns or raises.
+      stopper = preemption.stop_on_sigterm()
+      arguments['hooks'] = hooks + [stopper.hook]
+      with stopper:
+        returned = original(*bound.args, **bound.kwargs)
+      if stopper.requested:
+        raise _Preempted(stopper.signal_name,
+                         tf.train.latest_checkpoint(estimator.model_dir))
+      return returned
 
     entry.__name__ = name
     return functools.update_wrapper(entry, original)
@@ -458,6 +503,12 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       runpy.run_path(program, run_name='__main__')
     except _TrainGraphBuilt:
       result.exit_code = 0
+    except _Preempted as e:
+      # The status a process killed by the signal would have (143), as
+      # the package's own training command exits.
+      result.stopped_by = e.signal_name
+      result.stop_checkpoint = e.checkpoint
+      result.exit_code = 128 + signal.Signals[e.signal_name].value
     except SystemExit as e:
       result.exit_code = _exit_code(e)
     except KeyboardInterrupt as e:

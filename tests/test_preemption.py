@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+from absl.testing import parameterized
 import pytest
 import tensorflow as tf
 
@@ -341,7 +342,7 @@ class EnsureRestorableTest(tf.test.TestCase):
     self.assertFalse(os.path.exists(temp))
 
 
-class SignalStopperTest(tf.test.TestCase):
+class SignalStopperTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_sigterm_requests_a_stop_and_handler_is_restored(self):
     before = signal.getsignal(signal.SIGTERM)
@@ -355,12 +356,15 @@ class SignalStopperTest(tf.test.TestCase):
       self.assertEqual(stopper.signal_name, 'SIGTERM')
     self.assertEqual(signal.getsignal(signal.SIGTERM), before)
 
-  def test_stop_hook_stops_monitored_session_and_saves(self):
+  # One step a run, counted right or (a TPU loop's length the caller got
+  # wrong) as three: the stop step is the graph's either way.
+  @parameterized.named_parameters(('counted_right', 1), ('counted_wrong', 3))
+  def test_stop_hook_stops_monitored_session_and_saves(self, steps_per_run):
     model_dir = self.create_tempdir().full_path
     with tf.Graph().as_default():
       global_step = tf.compat.v1.train.get_or_create_global_step()
       train_op = global_step.assign_add(1)
-      with preemption.stop_on_sigterm() as stopper:
+      with preemption.stop_on_sigterm(steps_per_run) as stopper:
         hooks = [stopper.hook, tf.compat.v1.train.CheckpointSaverHook(
             model_dir, save_steps=1000)]
         with tf.compat.v1.train.MonitoredSession(hooks=hooks) as session:

@@ -11,11 +11,14 @@ exit codes, error paths, and that everything patched is put back.
 import functools
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 from absl.testing import parameterized
 from google.protobuf import text_format
@@ -176,6 +179,48 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLessEqual(abs(metrics['bfloat16']['loss'] -
                              metrics['float32']['loss']), _LOSS_TOLERANCE)
 
+  def test_sigterm_mid_training_keeps_the_step_and_a_rerun_resumes(self):
+    model_dir = os.path.join(_TMP['root'], 'preempted')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+               PYTHONPATH=os.pathsep.join(
+                   [_REPO] + os.environ.get('PYTHONPATH', '').split(
+                       os.pathsep)))
+    command = [sys.executable, '-m', 'estimator_bf16', 'run', _PROGRAM,
+               '--use_tpu=false', '--model_dir=' + model_dir]
+    with tempfile.TemporaryFile('w+') as err:
+      proc = subprocess.Popen(command + ['--train_steps=1000000'], cwd=_REPO,
+                              env=env, stdout=subprocess.PIPE, stderr=err,
+                              text=True)
+      try:
+        # The program saves every 20 steps: signal once training runs.
+        deadline = time.monotonic() + 300
+        while (not os.path.exists(os.path.join(model_dir,
+                                               'model.ckpt-20.index'))
+               and proc.poll() is None and time.monotonic() < deadline):
+          time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=300)
+      finally:
+        if proc.poll() is None:
+          proc.kill()
+      err.seek(0)
+      stderr = err.read()
+    self.assertEqual(proc.returncode, 143, stderr[-3000:])
+    stopped = int(re.search(r'Stopping at global step (\d+) on SIGTERM',
+                            stderr).group(1))
+    self.assertGreaterEqual(stopped, 20)
+    checkpoint = os.path.join(model_dir, 'model.ckpt-%d' % stopped)
+    self.assertEqual(tf.train.latest_checkpoint(model_dir), checkpoint)
+    self.assertIn('newest checkpoint: %s' % checkpoint, stderr)
+    self.assertIn('exit code: 143', stderr)
+    self.assertNotIn('eval accuracy', stdout)  # Ended without evaluating.
+    # The same command, to a few steps further, resumes from that step.
+    proc = _cli('run', *command[4:], '--train_steps=%d' % (stopped + 5))
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn('Restoring parameters from %s' % checkpoint, proc.stderr)
+    self.assertEqual(tf.train.load_variable(model_dir, 'global_step'),
+                     stopped + 5)
+
   def test_check_prints_audit_and_plan_without_training(self):
     model_dir = os.path.join(_TMP['root'], 'check')
     proc = _cli('check', _PROGRAM, '--use_tpu=false',
@@ -233,6 +278,24 @@ with open(sys.argv[2], 'w') as f:
 '''
 
 
+# Trains with a hook of its own that sends this process SIGTERM after
+# step 5 (a preemption notice arriving mid-training), inside an
+# `except Exception` that would carry on; then evaluates and writes a file.
+_PREEMPTED_PROGRAM = _ESTIMATOR_PROGRAM.replace(
+    "estimator.train(input_fn, max_steps=1)", """
+import os, signal, time
+class Notice(tf.compat.v1.train.SessionRunHook):
+  def after_run(self, run_context, run_values):
+    step = run_context.session.run(tf.compat.v1.train.get_global_step())
+    if step == 5:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.1)  # Python runs the handler between bytecodes
+try:
+  estimator.train(input_fn, max_steps=1000, hooks=[Notice()])
+except Exception:
+  pass""")
+
+
 class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
   """run_program in this process, on programs the tests write."""
 
@@ -248,7 +311,8 @@ class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver
     state = {'resolver_new': vars(resolver).get('__new__'),
              'argv': list(sys.argv), 'path': list(sys.path),
-             'compat_installed': eb.compat.installed()}
+             'compat_installed': eb.compat.installed(),
+             'sigterm': signal.getsignal(signal.SIGTERM)}
     # pylint: disable=protected-access
     for base, tpu in runner._estimator_classes():
       for owner in (base, tpu):
@@ -327,6 +391,31 @@ estimator.evaluate(input_fn, steps=1)""",
       result = runner.run_program(self._program(source), ['--flag'])
       self.assertEqual(result.exit_code, code)
       self.assertEqual(self._patched_state(), before)
+
+  @parameterized.named_parameters(('bfloat16', 'bfloat16'),
+                                  ('float32', 'float32'))
+  def test_sigterm_in_train_saves_the_step_and_ends_the_program(
+      self, precision):
+    before = self._patched_state()
+    model_dir = os.path.join(self.get_temp_dir(), 'preempted_' + precision)
+    after_train = os.path.join(self.get_temp_dir(), precision + '.json')
+    result = runner.run_program(self._program(_PREEMPTED_PROGRAM),
+                                [model_dir, after_train],
+                                precision=precision)
+    self.assertEqual(result.exit_code, 143, result.error)
+    self.assertEqual(result.stopped_by, 'SIGTERM')
+    # The step the signal came in, saved; nothing after train ran.
+    self.assertEqual(result.stop_checkpoint,
+                     os.path.join(model_dir, 'model.ckpt-5'))
+    self.assertEqual(tf.train.latest_checkpoint(model_dir),
+                     result.stop_checkpoint)
+    self.assertEqual(tf.train.load_variable(model_dir, 'global_step'), 5)
+    self.assertFalse(os.path.exists(after_train))
+    self.assertIsNone(result.error)
+    self.assertIn('stopped by SIGTERM during training, after the current '
+                  'step; newest checkpoint: %s' % result.stop_checkpoint,
+                  run_report.format_run_report(result))
+    self.assertEqual(self._patched_state(), before)
 
   def test_argv_path_and_sibling_imports_as_python_sets_them(self):
     program = self._program('''
