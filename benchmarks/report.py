@@ -47,10 +47,17 @@ def _native(results):
 
 
 def _rewrite_applied(results):
-  """False if the rewrite ran on no model (None without models)."""
+  """False if the rewrite acted on no model (None without models).
+
+  The environment's answer (`env.onednn_rewrite_active`, TensorFlow's own
+  CPU check) decides when it says no; otherwise any model on which the
+  rewrite changed the graph (`runner.rewrite_applied`) does.
+  """
   models = results.get('models') or {}
   if not models:
     return None
+  if results['env'].get('onednn_rewrite_active') is False:
+    return False
   return any(m[REWRITE].get('applied', True) for m in models.values())
 
 

@@ -95,12 +95,10 @@ def measure_model(spec, config, cpu_upcast):
     if at_fp32:
       result['bfloat16_at_float32_max_batch'] = at_fp32
   rewrite = memory[REWRITE]
-  # Whether the pass changed anything: it inserts casts into the graph it
-  # runs, and inserts none on a CPU where TensorFlow does not enable it.
   result[REWRITE] = {'peak_step_bytes': rewrite['peak_step_bytes'],
                      'peak_tensor_bytes': rewrite['peak_tensor_bytes'],
                      'memory': rewrite,
-                     'applied': rewrite['executed']['casts'] > 0}
+                     'applied': rewrite_applied(memory)}
   rates = _throughput(spec, config, steps)
   result['throughput_windows'] = rates
   for variant in VARIANTS:
@@ -182,6 +180,25 @@ def memory_rounds(steps, rounds):
     chosen[variant]['peak_step_bytes_runs'] = [
         m['peak_step_bytes'] for m in measured]
   return chosen
+
+
+def rewrite_applied(memory):
+  """Whether TensorFlow's rewrite changed the float32 graph it ran.
+
+  The pass inserts casts into the graph it runs, and none on a CPU where
+  TensorFlow does not enable it; the float32 graph may run casts of its own
+  (BERT casts its integer mask to float), so the rewrite's executed casts
+  are compared with float32's, not with zero.
+
+  Args:
+    memory: {variant: `step_memory.measure_step_memory` dict}, as
+      `memory_rounds` returns.
+
+  Returns:
+    bool.
+  """
+  return (memory[REWRITE]['executed']['casts'] >
+          memory['float32']['executed']['casts'])
 
 
 def memory_at_batch(spec, batch):

@@ -382,9 +382,10 @@ def test_kernel_probe_structure():
 def test_an_emulating_cpu_gets_every_figure_but_no_speed_verdict(outputs):
   results, _, _ = outputs
   emulated = json.loads(json.dumps(results))
-  emulated['env'].update(native_bfloat16=False,
-                         bfloat16_kernels_native=False)
   # An AVX512F CPU without AVX512-BF16: the rewrite acts, bfloat16 is slow.
+  emulated['env'].update(native_bfloat16=False,
+                         bfloat16_kernels_native=False,
+                         onednn_rewrite_active=True)
   emulated['models']['mnist_mlp'][runner.REWRITE]['applied'] = True
   # The program times one window there (configs.for_emulated_bfloat16):
   # ratios without a spread.
@@ -428,6 +429,27 @@ def test_an_inactive_rewrite_is_said_and_not_judged(outputs):
       results['keras_mixed_bfloat16']['throughput_ratio'] >= 1.0)
   assert report.REWRITE_INACTIVE_NOTE in report.markdown(inactive)
   assert report.REWRITE_INACTIVE_NOTE in report.readme_block(inactive)
+  # TensorFlow's own CPU check says no: a model whose float32 graph runs
+  # casts of its own does not make the rewrite count as active.
+  inactive['env']['onednn_rewrite_active'] = False
+  inactive['models']['mnist_mlp'][runner.REWRITE]['applied'] = True
+  rows = {row['target']: row for row in report.targets(inactive)}
+  assert rows['peak step memory ours / TF oneDNN rewrite <= 1.0 (every '
+              'model)']['met'] is None
+
+
+def _executed_casts(float32, rewrite):
+  return {'float32': {'executed': {'casts': float32}},
+          runner.REWRITE: {'executed': {'casts': rewrite}}}
+
+
+def test_the_rewrite_counts_as_applied_only_with_casts_of_its_own():
+  # BERT's float32 graph casts its integer mask: one cast in both runs is
+  # the float32 graph's, not the rewrite's.
+  assert not runner.rewrite_applied(_executed_casts(1, 1))
+  assert not runner.rewrite_applied(_executed_casts(0, 0))
+  assert runner.rewrite_applied(_executed_casts(1, 40))
+  assert runner.rewrite_applied(_executed_casts(0, 12))
 
 
 def test_head_to_head_pairs_ours_with_the_rewrite(monkeypatch):
