@@ -54,14 +54,19 @@ def tearDownModule():
   shutil.rmtree(_TMP.pop('root'), ignore_errors=True)
 
 
+def _cli_env():
+  """The environment of a command run from the repository root."""
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+              PYTHONPATH=os.pathsep.join(
+                  [_REPO] + os.environ.get('PYTHONPATH', '').split(
+                      os.pathsep)))
+
+
 def _cli(*args):
   """Runs `python -m estimator_bf16 ARGS` from the repository root."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
-             PYTHONPATH=os.pathsep.join(
-                 [_REPO] + os.environ.get('PYTHONPATH', '').split(os.pathsep)))
   return subprocess.run([sys.executable, '-m', 'estimator_bf16', *args],
-                        cwd=_REPO, env=env, capture_output=True, text=True,
-                        timeout=600, check=False)
+                        cwd=_REPO, env=_cli_env(), capture_output=True,
+                        text=True, timeout=600, check=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,16 +186,12 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_sigterm_mid_training_keeps_the_step_and_a_rerun_resumes(self):
     model_dir = os.path.join(_TMP['root'], 'preempted')
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
-               PYTHONPATH=os.pathsep.join(
-                   [_REPO] + os.environ.get('PYTHONPATH', '').split(
-                       os.pathsep)))
-    command = [sys.executable, '-m', 'estimator_bf16', 'run', _PROGRAM,
-               '--use_tpu=false', '--model_dir=' + model_dir]
+    args = [_PROGRAM, '--use_tpu=false', '--model_dir=' + model_dir]
     with tempfile.TemporaryFile('w+') as err:
-      proc = subprocess.Popen(command + ['--train_steps=1000000'], cwd=_REPO,
-                              env=env, stdout=subprocess.PIPE, stderr=err,
-                              text=True)
+      proc = subprocess.Popen(
+          [sys.executable, '-m', 'estimator_bf16', 'run', *args,
+           '--train_steps=1000000'], cwd=_REPO, env=_cli_env(),
+          stdout=subprocess.PIPE, stderr=err, text=True)
       try:
         # The program saves every 20 steps: signal once training runs.
         deadline = time.monotonic() + 300
@@ -215,7 +216,7 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('exit code: 143', stderr)
     self.assertNotIn('eval accuracy', stdout)  # Ended without evaluating.
     # The same command, to a few steps further, resumes from that step.
-    proc = _cli('run', *command[4:], '--train_steps=%d' % (stopped + 5))
+    proc = _cli('run', *args, '--train_steps=%d' % (stopped + 5))
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn('Restoring parameters from %s' % checkpoint, proc.stderr)
     self.assertEqual(tf.train.load_variable(model_dir, 'global_step'),
