@@ -438,6 +438,41 @@ def test_an_inactive_rewrite_is_said_and_not_judged(outputs):
               'model)']['met'] is None
 
 
+def _peer_results(ratios):
+  """Results of a native run with the rewrite active: {model: (r, iqr)}."""
+  models = {
+      name: {'spec': {'name': name, 'family': 'resnet'},
+             'ratios': {'throughput_vs_rewrite': ratio,
+                        'throughput_vs_rewrite_iqr': iqr},
+             runner.REWRITE: {'applied': True}}
+      for name, (ratio, iqr) in ratios.items()}
+  return {'env': {'bfloat16_kernels_native': True,
+                  'onednn_rewrite_active': True},
+          'models': models}
+
+
+def test_a_miss_within_its_iqr_is_named_and_still_a_miss():
+  target = 'throughput ours / TF oneDNN rewrite >= 1.0 (every model)'
+  results = _peer_results({'tie': (0.997, [0.977, 1.044]),
+                           'slower': (0.95, [0.93, 0.97]),
+                           'faster': (1.2, [1.1, 1.3]),
+                           'one_window': (0.99, None)})
+  row = next(r for r in report.targets(results) if r['target'] == target)
+  assert row['met'] is False
+  assert row['within_noise'] == ['tie']
+  line = next(l for l in report._targets_table(results)  # pylint: disable=protected-access
+              if l.startswith('| ' + target))
+  assert line.endswith('| no (within its IQR: tie) |')
+  # Met, or not judged: nothing to name.
+  results = _peer_results({'tie': (1.01, [0.98, 1.04])})
+  row = next(r for r in report.targets(results) if r['target'] == target)
+  assert row['met'] is True and row['within_noise'] == []
+  results['env']['bfloat16_kernels_native'] = False
+  results['models']['tie']['ratios']['throughput_vs_rewrite'] = 0.99
+  row = next(r for r in report.targets(results) if r['target'] == target)
+  assert row['met'] is None and row['within_noise'] == []
+
+
 def _executed_casts(float32, rewrite):
   return {'float32': {'executed': {'casts': float32}},
           runner.REWRITE: {'executed': {'casts': rewrite}}}
