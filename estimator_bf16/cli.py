@@ -47,6 +47,16 @@ def build_parser():
                          'TRAIN graph stops the program), warn, or off')
     command.add_argument('--exclude', default='',
                          help='comma-separated feature keys never cast')
+    command.add_argument('--tf1', action=argparse.BooleanOptionalAction,
+                         default=None,
+                         help='run PROGRAM with the TF 1.x API '
+                         '(`import tensorflow as tf` is tf.compat.v1 plus '
+                         'a mapped tf.contrib); default: detected from its '
+                         'source')
+    command.add_argument('--tf1_path', action='append', default=[],
+                         metavar='FOLDER',
+                         help='a folder of more TF 1.x modules the program '
+                         'imports (its own folder always counts); repeatable')
     if name == 'run':
       command.add_argument('--memory', action='store_true',
                            help='measure the peak memory of a training step')
@@ -102,6 +112,9 @@ def main(argv=None):
     return _error('%s: no such file (give the Python program to run).' %
                   args.program)
   exclude = tuple(key for key in args.exclude.split(',') if key)
+  for folder in args.tf1_path:
+    if not os.path.isdir(folder):
+      return _error('--tf1_path %s: no such folder.' % folder)
   _set_environment(args)
 
   # pylint: disable=g-import-not-at-top
@@ -114,6 +127,7 @@ def main(argv=None):
         args.program, args.program_args, precision=args.precision,
         audit=args.audit, exclude=exclude,
         memory=getattr(args, 'memory', False), check=check,
+        tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
         plan_fn=run_report.memory_plans if check else None)
   except runner.ProgramError as e:
     return _error(str(e))

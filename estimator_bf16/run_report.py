@@ -89,6 +89,11 @@ def _flop_line(reports):
               100 * report.bfloat16_flop_share, total))
 
 
+def _tf1_line(result):
+  return 'TF 1.x API: %s (%s)' % ('on' if result.tf1 else 'off',
+                                  result.tf1_reason)
+
+
 def format_run_report(result):
   """The report `run` prints when the program ends.
 
@@ -99,7 +104,7 @@ def format_run_report(result):
     str, a few lines ending with a newline.
   """
   lines = ['', 'estimator_bf16 run: %s' % result.program,
-           'precision: %s' % result.precision]
+           'precision: %s' % result.precision, _tf1_line(result)]
   if result.estimators == 0:
     lines.append('the program built no Estimator or TPUEstimator, so '
                  'nothing ran in %s.' % result.precision)
@@ -153,7 +158,7 @@ def format_check_report(result):
     str, ending with a newline.
   """
   lines = ['', 'estimator_bf16 check: %s (TRAIN graph in %s)' % (
-      result.program, result.precision)]
+      result.program, result.precision), _tf1_line(result)]
   if result.train_graph is None:
     if result.error is not None:
       lines.append('the program failed before its first train call (exit '

@@ -17,6 +17,11 @@ resolve), absl flags and `app.run` behave the same. While it runs:
   (`estimator_bf16.tpu_resolver`);
 * on TensorFlow 2.16+ the compat backend is installed first, so
   `tf.estimator` imports resolve;
+* a TF 1.x program (`import tensorflow as tf` with `tf.flags`,
+  `tf.contrib`, ...; `estimator_bf16.tf1.detect`, or forced with `tf1`)
+  and the modules it imports from its folder and `tf1_paths` see
+  `tensorflow` as TF 1.x (`estimator_bf16.tf1.Tf1Scope`); libraries keep
+  the real module;
 * a SIGTERM during such a `train` call (a preemptible VM's notice) stops
   training after the current step (TPU loop), the Estimator writes a
   checkpoint of that step as it closes, and the program ends there with
@@ -48,6 +53,7 @@ import estimator_bf16 as eb
 from estimator_bf16 import peak_memory as memory_lib
 from estimator_bf16 import preemption
 from estimator_bf16 import tpu_resolver
+from estimator_bf16 import tf1 as tf1_lib
 
 AUDIT_MODES = ('strict', 'warn', 'off')
 _TRAIN = 'train'  # ModeKeys.TRAIN in both backends.
@@ -121,6 +127,9 @@ class RunResult:
       ('SIGTERM'), or None.
     stop_checkpoint: the newest checkpoint of the stopped estimator's
       model_dir after the stop (the one a rerun restores), or None.
+    tf1: whether the program ran with the TF 1.x API.
+    tf1_reason: why: the first TF 1.x use found ('file:line: tf.flags'),
+      the option that forced it, or what was read without finding one.
   """
   program: str
   precision: str
@@ -135,6 +144,8 @@ class RunResult:
   error: Optional[str] = None
   stopped_by: Optional[str] = None
   stop_checkpoint: Optional[str] = None
+  tf1: bool = False
+  tf1_reason: Optional[str] = None
 
   @property
   def problems(self):
@@ -369,7 +380,7 @@ class _Session(object):
         setattr(owner, name, original)
 
 
-def _check_options(program, precision, audit, exclude):
+def _check_options(program, precision, audit, exclude, tf1, tf1_paths):
   try:
     eb.compute_dtype(precision)
   except ValueError as e:
@@ -380,6 +391,12 @@ def _check_options(program, precision, audit, exclude):
   if isinstance(exclude, str) or not all(isinstance(k, str) for k in exclude):
     raise ProgramError('exclude must be a list of feature keys, got %r.' %
                        (exclude,))
+  if tf1 not in (None, True, False):
+    raise ProgramError('tf1 must be None (detect), True or False, got %r.' %
+                       (tf1,))
+  for folder in tf1_paths:
+    if not os.path.isdir(folder):
+      raise ProgramError('--tf1_path %s: no such folder.' % folder)
   if not os.path.exists(program):
     raise ProgramError('%s: no such file.' % program)
   if not os.path.isfile(program):
@@ -420,14 +437,14 @@ def _compat_backend():
 
 
 @contextlib.contextmanager
-def _forget_program_state(program):
-  """Drops the absl flags and the modules of the program's folder afterwards.
+def _forget_program_state(folders):
+  """Drops the absl flags and the modules of the program's folders afterwards.
 
   A process runs a program once; this lets a second run in the same process
   (tests, notebooks) import its sibling modules and define its flags again,
   as a fresh `python PROGRAM.py` would.
   """
-  folder = os.path.dirname(os.path.realpath(program)) + os.sep
+  folders = tuple(os.path.realpath(f) + os.sep for f in folders)
   flags_before, modules_before = set(flags.FLAGS), set(sys.modules)
   try:
     yield
@@ -436,7 +453,7 @@ def _forget_program_state(program):
       delattr(flags.FLAGS, name)
     for name in set(sys.modules) - modules_before:
       path = getattr(sys.modules[name], '__file__', None) or ''
-      if os.path.realpath(path).startswith(folder):
+      if os.path.realpath(path).startswith(folders):
         del sys.modules[name]
 
 
@@ -461,8 +478,22 @@ def _program_traceback(error, program):
                                             start or tb))
 
 
+def _tf1_scope(program, folders, tf1, result):
+  """A `Tf1Scope` for a TF 1.x program (detected or forced), else None."""
+  if tf1 is None:
+    found = tf1_lib.detect(program, folders)
+    result.tf1 = found.tf1
+    result.tf1_reason = found.evidence or (
+        'no TF 1.x API found in %d file(s)' % found.files)
+  else:
+    result.tf1 = tf1
+    result.tf1_reason = '--tf1' if tf1 else '--no-tf1'
+  return tf1_lib.Tf1Scope(folders) if result.tf1 else None
+
+
 def run_program(program, args=(), precision='bfloat16', audit='strict',
-                exclude=(), memory=False, check=False, plan_fn=None):
+                exclude=(), memory=False, check=False, plan_fn=None,
+                tf1=None, tf1_paths=()):
   """Runs `program` as `__main__` with its Estimators in `precision`.
 
   Args:
@@ -477,6 +508,10 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     plan_fn: in check mode, `plan_fn(train_graph) -> plans` run while the
       program's environment is still in place (its modules may need the
       compat backend); its result goes to `RunResult.plans`.
+    tf1: run the program with the TF 1.x API (True), without (False), or
+      decide from its source (None, `estimator_bf16.tf1.detect`).
+    tf1_paths: more folders whose modules are the program's own TF 1.x
+      code (its own folder always is).
 
   Returns:
     A `RunResult`. The program's traceback (if it raised) is printed to
@@ -485,7 +520,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
   Raises:
     ProgramError: the program is missing, or an option is bad; nothing ran.
   """
-  _check_options(program, precision, audit, exclude)
+  _check_options(program, precision, audit, exclude, tf1, tf1_paths)
   result = RunResult(program=program, precision=precision)
   session = _Session(precision, audit, tuple(exclude), memory, check, result)
 
@@ -493,14 +528,26 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     del stand_in
     result.local_resolvers += 1
 
+  folders = [os.path.dirname(os.path.realpath(program))] + list(tf1_paths)
   with contextlib.ExitStack() as stack:
     stack.enter_context(_compat_backend())
     stack.enter_context(tpu_resolver.substitute_empty_name(count_resolver))
     stack.enter_context(session.patches())
-    stack.enter_context(_forget_program_state(program))
+    stack.enter_context(_forget_program_state(folders))
+    scope = _tf1_scope(program, folders, tf1, result)
+    program_globals = {}
+    if scope is not None:
+      stack.enter_context(scope)
+      program_globals['__builtins__'] = scope.builtins
+      # TF 1.x had no eager mode: a program's own graph code outside the
+      # Estimator (tf.placeholder, tf.Session) built into a default graph.
+      # A fresh default graph gives it that on this thread, and is gone
+      # with the run; the Estimator still builds graphs of its own.
+      stack.enter_context(tf.Graph().as_default())
     stack.enter_context(_program_argv(program, args))
     try:
-      runpy.run_path(program, run_name='__main__')
+      runpy.run_path(program, init_globals=program_globals,
+                     run_name='__main__')
     except _TrainGraphBuilt:
       result.exit_code = 0
     except _Preempted as e:
@@ -511,6 +558,12 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       result.exit_code = 128 + signal.Signals[e.signal_name].value
     except SystemExit as e:
       result.exit_code = _exit_code(e)
+    except tf1_lib.UnmappedContribError as e:
+      # The message names the symbol and the program's line: the
+      # traceback through the import machinery adds nothing.
+      result.error = '%s: %s' % (type(e).__name__, e)
+      print(result.error, file=sys.stderr)
+      result.exit_code = 1
     except KeyboardInterrupt as e:
       result.error = _program_traceback(e, program)
       print(result.error, end='', file=sys.stderr)

@@ -93,6 +93,38 @@ def _op_dtypes(model_dir, op_types):
   return found
 
 
+def assert_trained_in_precision(test, stderr, model_dir, precision, ops,
+                                steps):
+  """Checks a `run --memory` report, the graph's op dtypes, the checkpoint.
+
+  Args:
+    test: the `tf.test.TestCase`.
+    stderr: what the command printed there.
+    model_dir: the program's model_dir.
+    precision: the run's precision.
+    ops: matmul/conv op types that must all compute in `precision`.
+    steps: the global step the checkpoint must hold.
+
+  Returns:
+    {variable name: dtype} of the checkpoint.
+  """
+  share = '100.0%' if precision == 'bfloat16' else '0.0%'
+  test.assertIn('bfloat16 share of matmul/conv FLOPs: %s' % share, stderr)
+  test.assertIn('audit: no problems', stderr)
+  test.assertRegex(stderr, r'peak training-step memory \(CPU '
+                   r'allocator, measured\): [0-9.]+ MiB\nexit code: 0\n$')
+  # Matmuls and convolutions (forward and gradients) in the precision.
+  test.assertEqual(_op_dtypes(model_dir, ops), {op: {precision} for op in ops})
+  # The checkpoint is float32 in both precisions.
+  reader = tf.train.load_checkpoint(model_dir)
+  stored = reader.get_variable_to_dtype_map()
+  for name, dtype in stored.items():
+    if name != 'global_step':
+      test.assertEqual(dtype, tf.float32, name)
+  test.assertEqual(reader.get_tensor('global_step'), steps)
+  return stored
+
+
 @pytest.mark.slow
 class ExampleProgramTest(tf.test.TestCase):
   """models/mnist_tpu.py, the repository's example user program."""
@@ -145,25 +177,10 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
     self.assertNotIn('estimator_bf16 run', proc.stdout)
     self.assertIn('precision: %s' % precision, proc.stderr)
     self.assertIn('no TPU is named and none is attached', proc.stderr)
-    share = '100.0%' if precision == 'bfloat16' else '0.0%'
-    self.assertIn('bfloat16 share of matmul/conv FLOPs: %s' % share,
-                  proc.stderr)
-    self.assertIn('audit: no problems', proc.stderr)
-    self.assertRegex(proc.stderr, r'peak training-step memory \(CPU '
-                     r'allocator, measured\): [0-9.]+ MiB\nexit code: 0\n$')
-    # Convolutions and matmuls (forward and gradients) in the precision.
-    dtypes = _op_dtypes(model_dir, ('Conv2D', 'MatMul',
-                                    'Conv2DBackpropFilter'))
-    self.assertEqual(dtypes, {'Conv2D': {precision}, 'MatMul': {precision},
-                              'Conv2DBackpropFilter': {precision}})
-    # The checkpoint is float32 in both precisions.
-    reader = tf.train.load_checkpoint(model_dir)
-    stored = reader.get_variable_to_dtype_map()
+    stored = assert_trained_in_precision(
+        self, proc.stderr, model_dir, precision,
+        ('Conv2D', 'MatMul', 'Conv2DBackpropFilter'), steps=60)
     self.assertIn('conv/kernel', stored)
-    for name, dtype in stored.items():
-      if name != 'global_step':
-        self.assertEqual(dtype, tf.float32, name)
-    self.assertEqual(reader.get_tensor('global_step'), 60)
     with open(results) as f:
       result = json.load(f)
     self.assertLen(result['classes'], 16)
