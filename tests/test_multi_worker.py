@@ -23,6 +23,7 @@ import tensorflow as tf
 from estimator_bf16 import launch
 from estimator_bf16.models import training
 from tests import isolated_cache
+from tests import waiting
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STEPS = 200
@@ -199,8 +200,8 @@ class MultiWorkerTest(tf.test.TestCase):
     process = _launch(command, **launch_args)
     arrivals = []
     with _drained(process, arrivals) as lines:
-      first = os.path.join(model_dir, 'model.ckpt-50.index')
-      _wait_until(lambda: os.path.exists(first), lines, process)
+      _wait_until(lambda: waiting.checkpoint_at_or_after(model_dir, 50),
+                  lines, process)
       os.kill(_task_pids(lines)['worker:0'], sig)
       signalled_at = time.monotonic()
       try:

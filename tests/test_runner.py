@@ -31,6 +31,7 @@ from estimator_bf16 import run_report
 from estimator_bf16 import runner
 from estimator_bf16 import tpu_resolver
 from estimator_bf16.models import digits
+from tests import waiting
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PROGRAM = os.path.join('tests', 'legacy_tpu_main.py')
@@ -212,8 +213,7 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
       try:
         # The program saves every 20 steps: signal once training runs.
         deadline = time.monotonic() + 300
-        while (not os.path.exists(os.path.join(model_dir,
-                                               'model.ckpt-20.index'))
+        while (not waiting.checkpoint_at_or_after(model_dir, 20)
                and proc.poll() is None and time.monotonic() < deadline):
           time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
