@@ -13,6 +13,8 @@ import json
 from absl import logging
 import tensorflow as tf
 
+from estimator_bf16 import op_lists
+
 # Smallest normal bfloat16 (the exponent range is float32's): TPUs flush
 # anything smaller to zero.
 BFLOAT16_TINY = 2.0 ** -126
@@ -22,9 +24,8 @@ BFLOAT16_MAX = float(tf.bfloat16.max)
 _NEAR_OVERFLOW = 1e30
 _UNDERFLOW_WARNING = 0.01
 # Producers of activations worth watching; gradients and bookkeeping are not.
-_ACTIVATION_OPS = frozenset([
-    'MatMul', 'BatchMatMul', 'BatchMatMulV2', 'BatchMatMulV3', 'Conv2D',
-    'DepthwiseConv2dNative', 'BiasAdd', 'Add', 'AddV2', 'Relu', 'Relu6',
+_ACTIVATION_OPS = op_lists.MATMUL_CONV_OPS | frozenset([
+    'BiasAdd', 'Add', 'AddV2', 'Relu', 'Relu6',
     'Elu', 'Selu', 'Gelu', 'Tanh', 'Sigmoid', 'Softmax', 'FusedBatchNorm',
     'FusedBatchNormV2', 'FusedBatchNormV3', 'MaxPool', 'AvgPool', 'Mean',
     'Mul', 'Square', 'Rsqrt', 'Erf'])

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from estimator_bf16.casting import FLOATING_DTYPES
 from estimator_bf16.casting import HALF_DTYPES
+from estimator_bf16 import op_lists
 
 _VARIABLE_OPS = frozenset(['VariableV2', 'VarHandleOp', 'Variable'])
 _FLOATS = frozenset(FLOATING_DTYPES)
@@ -112,26 +113,61 @@ def _matmul_flops(op):
   return 2.0 * float(batch) * m * k * n
 
 
+def _kernel_and_output(op):
+  """(filter dims, forward output dims) of a convolution or its gradient."""
+  if 'BackpropFilter' in op.type:
+    return _dims(op.outputs[0].shape), _dims(op.inputs[2].shape)
+  if 'BackpropInput' in op.type:
+    return _dims(op.inputs[1].shape), _dims(op.inputs[2].shape)
+  return _dims(op.inputs[1].shape), _dims(op.outputs[0].shape)
+
+
 def _conv_flops(op):
-  """2 * output elements * (kernel height * width * input channels)."""
-  if op.type == 'Conv2DBackpropFilter':
-    kernel, out = _dims(op.outputs[0].shape), _dims(op.inputs[2].shape)
-  elif op.type == 'Conv2DBackpropInput':
-    kernel, out = _dims(op.inputs[1].shape), _dims(op.inputs[2].shape)
-  else:
-    kernel, out = _dims(op.inputs[1].shape), _dims(op.outputs[0].shape)
+  """2 * output elements * (kernel window * input channels), 2-D or 3-D."""
+  kernel, out = _kernel_and_output(op)
+  if len(kernel) not in (4, 5) or not out:
+    return 0.0
+  return 2.0 * float(np.prod(out)) * float(np.prod(kernel[:-1]))
+
+
+def _depthwise_flops(op):
+  """2 * output elements * kernel window: each output reads one channel."""
+  kernel, out = _kernel_and_output(op)
   if len(kernel) != 4 or not out:
     return 0.0
-  return 2.0 * float(np.prod(out)) * kernel[0] * kernel[1] * kernel[2]
+  return 2.0 * float(np.prod(out)) * kernel[0] * kernel[1]
 
 
-_FLOP_COUNTERS = {
-    'MatMul': _matmul_flops, '_FusedMatMul': _matmul_flops,
-    'SparseMatMul': _matmul_flops, 'BatchMatMul': _matmul_flops,
-    'BatchMatMulV2': _matmul_flops, 'BatchMatMulV3': _matmul_flops,
-    'Conv2D': _conv_flops, '_FusedConv2D': _conv_flops,
-    'Conv2DBackpropInput': _conv_flops, 'Conv2DBackpropFilter': _conv_flops,
-}
+def _einsum_flops(op):
+  """2 * the product of every index's size (each is summed or kept once)."""
+  equation = _attr(op, 'equation')
+  if not equation:
+    return 0.0
+  inputs = equation.decode() if isinstance(equation, bytes) else equation
+  inputs = inputs.split('->')[0].split(',')
+  sizes = {}
+  for spec, tensor in zip(inputs, op.inputs):
+    dims = _dims(tensor.shape)
+    if '...' in spec:
+      # The broadcast dims get names of their own, right-aligned.
+      head, tail = spec.split('...')
+      extra = max(len(dims) - len(head) - len(tail), 0)
+      labels = list(head) + ['...%d' % i for i in range(extra)] + list(tail)
+    else:
+      labels = list(spec)
+    if len(labels) != len(dims):
+      return 0.0
+    for label, dim in zip(labels, dims):
+      sizes[label] = max(sizes.get(label, 1), dim)
+  return 2.0 * float(np.prod(list(sizes.values()) or [0]))
+
+
+_FLOP_COUNTERS = {}
+for _types, _counter in ((op_lists.MATMUL_OPS, _matmul_flops),
+                         (op_lists.CONV_OPS, _conv_flops),
+                         (op_lists.DEPTHWISE_CONV_OPS, _depthwise_flops),
+                         (op_lists.EINSUM_OPS, _einsum_flops)):
+  _FLOP_COUNTERS.update(dict.fromkeys(_types, _counter))
 
 
 def _attr(op, name):
@@ -177,6 +213,12 @@ def _where_made(op):
   return ''
 
 
+def _made_at(op):
+  """' (made at file:line (function))' for a problem message, or ''."""
+  where = _where_made(op)
+  return ' (made at %s)' % where if where else ''
+
+
 def _dtype_names(op):
   return tuple(t.dtype.base_dtype.name for t in op.inputs)
 
@@ -201,6 +243,7 @@ def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
   """
   graph = graph or tf.compat.v1.get_default_graph()
   half_vars, mixed_ops, problems = [], [], []
+  made_at = {}  # op name -> ' (made at file:line (function))' or ''
   flops = {}
   float32_ops = []
   num_casts = 0
@@ -212,11 +255,13 @@ def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
       dtype = tf.as_dtype(op.get_attr('dtype')).base_dtype
       if dtype in HALF_DTYPES:
         half_vars.append((op.name, dtype.name))
+        made_at[op.name] = _made_at(op)
       continue
     dtypes = _float_input_dtypes(op)
     if op.type in _ALWAYS_MIXED or (
         len(dtypes) > 1 and op.type not in _MIXED_ALLOWED):
       mixed_ops.append((op.name, op.type, _dtype_names(op)))
+      made_at[op.name] = _made_at(op)
     counter = _FLOP_COUNTERS.get(op.type)
     if counter is not None:
       dtype = _compute_dtype(op)
@@ -225,36 +270,44 @@ def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
       if dtype == tf.float32:
         float32_ops.append((count, op))
 
+  trainable = {v.op.name for v in graph.get_collection(
+      tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
   for name, dtype in half_vars:
+    if name in trainable:
+      why = ('It was probably made by a Keras layer (which ignores the '
+             'bfloat16 scope) or by an explicit dtype; build it with '
+             'tf.compat.v1.get_variable / tf.compat.v1.layers inside '
+             'eb.bfloat16_scope instead.')
+    else:
+      why = ('It is a state variable (not trainable), which keeps the dtype '
+             'it was made with; make it float32 and cast where it is read.')
     problems.append(
-        'variable %r is stored as %s: master weights must be float32. It was '
-        'probably made by a Keras layer (which ignores the bfloat16 scope) or '
-        'by an explicit dtype; build it with tf.compat.v1.get_variable / '
-        'tf.compat.v1.layers inside eb.bfloat16_scope instead.' % (name, dtype))
+        'variable %r%s is stored as %s: master weights must be float32. %s'
+        % (name, made_at[name], dtype, why))
   for name, op_type, in_dtypes in mixed_ops:
     if op_type == 'SparseMatMul':
       problems.append(
-          'op %r is a SparseMatMul with inputs %s: it computes in float32. '
+          'op %r%s is a SparseMatMul with inputs %s: it computes in float32. '
           'tf.matmul makes one when bfloat16 meets float32 (or for a_is_sparse'
           '/b_is_sparse); build the model under eb.wrap_model_fn, whose '
           'autocast makes it a bfloat16 MatMul, or cast both inputs.'
-          % (name, ' x '.join(in_dtypes)))
+          % (name, made_at[name], ' x '.join(in_dtypes)))
       continue
     problems.append(
-        'op %r (%s) mixes dtypes %s: a float32 tensor meets bfloat16 '
+        'op %r (%s)%s mixes dtypes %s: a float32 tensor meets bfloat16 '
         'activations. Build it under eb.wrap_model_fn (autocast unifies '
-        'them) or cast it with tf.cast.' % (name, op_type,
+        'them) or cast it with tf.cast.' % (name, op_type, made_at[name],
                                            ', '.join(in_dtypes)))
   loss_dtype = None
   if loss is not None:
     loss_dtype = loss.dtype.base_dtype.name
     if loss.dtype.base_dtype != tf.float32:
       problems.append(
-          'the loss %r is %s: TPU training loops need a float32 loss, and a '
+          'the loss %r%s is %s: TPU training loops need a float32 loss, and a '
           'loss reduced in 16 bits loses accuracy. Use tf.compat.v1.losses '
           '(computed in float32 by the wrapper) or cast the logits with '
           'tf.cast(logits, tf.float32) before the loss.'
-          % (loss.name, loss_dtype))
+          % (loss.name, _made_at(loss.op), loss_dtype))
   total = sum(flops.values())
   share = (flops.get('bfloat16', 0.0) / total) if total else 0.0
   float32_ops.sort(key=lambda pair: -pair[0])

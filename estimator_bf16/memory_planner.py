@@ -60,6 +60,7 @@ from tensorflow.python.grappler import tf_optimizer
 
 from estimator_bf16 import autocasting
 from estimator_bf16 import casting
+from estimator_bf16 import op_lists
 from estimator_bf16 import optimizers
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import wrappers
@@ -92,10 +93,9 @@ _FORWARDING_OPS = frozenset([
     'Softplus', 'SoftplusGrad', 'Sqrt', 'SqrtGrad', 'Square',
     'SquaredDifference', 'Sub', 'Tanh', 'TanhGrad',
 ])
-# With grappler's fusions: matmul + bias (+ activation) is one op.
-_MATMUL_OPS = frozenset(['MatMul', 'BatchMatMul', 'BatchMatMulV2',
-                         'BatchMatMulV3', '_FusedMatMul',
-                         '_FusedBatchMatMulV2'])
+# With grappler's fusions: matmul + bias (+ activation) is one op. Einsum
+# runs on the same kernels.
+_MATMUL_OPS = op_lists.MATMUL_OPS | op_lists.EINSUM_OPS
 # Outputs that exist before the step (or outside it) and are never freed.
 _PERSISTENT_OPS = frozenset(['Const', 'VarHandleOp', 'VariableV2',
                              'Variable', 'HostConst'])

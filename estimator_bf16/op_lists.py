@@ -32,6 +32,12 @@ internal callers all create the same `Softmax` op.
   bit for bit the same result (a dropped inf or NaN still gives +0), and on
   CPUs about 2.8x faster than TensorFlow's bfloat16 select kernel.
 
+* `MATMUL_OPS`, `CONV_OPS`, `DEPTHWISE_CONV_OPS`, `EINSUM_OPS` (together
+  `MATMUL_CONV_OPS`): every op type, forward and gradient, grappler fusions
+  included, that runs on the matrix units. The audit counts their FLOPs
+  (the bfloat16 share), the memory planner and the activation statistics
+  read the same sets: one list, so a new op type is counted everywhere.
+
 Every other op follows its inputs: if float32 meets bfloat16, the op computes
 in bfloat16 (a variable's dtype wins for assignments).
 """
@@ -68,3 +74,19 @@ COMPARISON_OPS = frozenset([
 ])
 
 ZERO_SELECT_OPS = frozenset(['Select', 'SelectV2'])
+
+# Matrix-unit op types, by how their FLOPs are counted (audit.py).
+MATMUL_OPS = frozenset([
+    'MatMul', '_FusedMatMul', 'SparseMatMul', 'BatchMatMul', 'BatchMatMulV2',
+    'BatchMatMulV3', '_FusedBatchMatMulV2',
+])
+CONV_OPS = frozenset([
+    'Conv2D', '_FusedConv2D', 'Conv2DBackpropInput', 'Conv2DBackpropFilter',
+    'Conv3D', 'Conv3DBackpropInputV2', 'Conv3DBackpropFilterV2',
+])
+DEPTHWISE_CONV_OPS = frozenset([
+    'DepthwiseConv2dNative', 'DepthwiseConv2dNativeBackpropInput',
+    'DepthwiseConv2dNativeBackpropFilter',
+])
+EINSUM_OPS = frozenset(['Einsum'])
+MATMUL_CONV_OPS = MATMUL_OPS | CONV_OPS | DEPTHWISE_CONV_OPS | EINSUM_OPS

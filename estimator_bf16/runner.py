@@ -39,8 +39,10 @@ import functools
 import inspect
 import os
 import runpy
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from typing import Any, List, Optional
@@ -196,6 +198,17 @@ class _Session(object):
     self.estimators = weakref.WeakSet()
     self.hooks = []
     self._local = threading.local()
+    self._scratch = None
+
+  def scratch_dir(self):
+    """A fresh folder for check mode's model_dirs; see `close`."""
+    if self._scratch is None:
+      self._scratch = tempfile.mkdtemp(prefix='estimator_bf16_check_')
+    return self._scratch
+
+  def close(self):
+    if self._scratch is not None:
+      shutil.rmtree(self._scratch, ignore_errors=True)
 
   # The model_fn -----------------------------------------------------------
 
@@ -294,6 +307,8 @@ class _Session(object):
               'TPUClusterResolver(%r) got the local stand-in. Pass the TPU '
               "name (e.g. --tpu=NAME, or 'local' on a TPU VM), or "
               '--use_tpu=false to run on this CPU.' % (cluster.requested,))
+      if session.check:
+        _scratch_model_dir(arguments, session.scratch_dir())
       if arguments.get('model_fn') is not None:
         arguments['model_fn'] = session.wrap_model_fn(arguments['model_fn'])
       if session.precision != 'float32':
@@ -378,6 +393,25 @@ class _Session(object):
     finally:
       for owner, name, original in reversed(undo):
         setattr(owner, name, original)
+
+
+def _scratch_model_dir(arguments, scratch):
+  """Points an Estimator's constructor arguments at a scratch model_dir.
+
+  `check` is a dry run: the TRAIN graph must be built whatever the
+  program's model_dir holds (an Estimator skips `train` when a checkpoint
+  there is already at max_steps), and nothing may be read or written
+  there. The same folder goes to the `model_dir` argument and the config,
+  which must agree.
+  """
+  model_dir = tempfile.mkdtemp(dir=scratch)
+  if arguments.get('model_dir') is not None:
+    arguments['model_dir'] = model_dir
+  config = arguments.get('config')
+  if config is not None:
+    arguments['config'] = config.replace(model_dir=model_dir)
+  elif arguments.get('model_dir') is None:
+    arguments['model_dir'] = model_dir
 
 
 def _check_options(program, precision, audit, exclude, tf1, tf1_paths):
@@ -530,6 +564,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
 
   folders = [os.path.dirname(os.path.realpath(program))] + list(tf1_paths)
   with contextlib.ExitStack() as stack:
+    stack.callback(session.close)
     stack.enter_context(_compat_backend())
     stack.enter_context(tpu_resolver.substitute_empty_name(count_resolver))
     stack.enter_context(session.patches())

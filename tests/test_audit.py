@@ -74,6 +74,46 @@ class CheckGraphTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAlmostEqual(report.bfloat16_flop_share, 0.5)
     self.assertIn('50.0%', report.summary())
 
+  @parameterized.named_parameters(
+      # 2 * (b=2 * i=3 * j=4 * k=5) for 'bij,bjk->bik'.
+      ('einsum', lambda x, w: tf.einsum('bij,jk->bik', x, w),
+       [2, 3, 4], [4, 5], 2.0 * 2 * 3 * 4 * 5),
+      ('einsum_ellipsis', lambda x, w: tf.einsum('...j,jk->...k', x, w),
+       [2, 3, 4], [4, 5], 2.0 * 2 * 3 * 4 * 5),
+      # 2 * output elements (1*4*4*3*2) * kernel window (3*3).
+      ('depthwise', lambda x, w: tf.nn.depthwise_conv2d(
+          x, w, [1, 1, 1, 1], 'SAME'), [1, 4, 4, 3], [3, 3, 3, 2],
+       2.0 * (4 * 4 * 3 * 2) * 9),
+      # 2 * output elements (1*2*4*4*2) * kernel window and depth (3*3*3*3).
+      ('conv3d', lambda x, w: tf.nn.conv3d(x, w, [1] * 5, 'SAME'),
+       [1, 2, 4, 4, 3], [3, 3, 3, 3, 2], 2.0 * (2 * 4 * 4 * 2) * 81))
+  def test_matrix_ops_of_every_kind_are_counted(self, build, x_shape,
+                                                w_shape, flops):
+    with tf.Graph().as_default() as graph:
+      build(tf.ones(x_shape), tf.ones(w_shape))
+      report = eb.check_graph(graph, strict=False)
+    self.assertEqual(report.flops_by_dtype, {'float32': flops})
+
+  def test_float32_einsum_network_fails_the_share_check(self):
+    with tf.Graph().as_default() as graph:
+      x = tf.ones([4, 6, 8])
+      w = tf.compat.v1.get_variable('einsum_w', [8, 8])
+      y = tf.einsum('btd,de->bte', x, w)
+      loss = tf.reduce_mean(y)
+      tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+      report = eb.check_graph(graph, strict=False, loss=loss)
+      self.assertGreater(report.flops_by_dtype['float32'], 0)
+      self.assertEqual(report.bfloat16_flop_share, 0.0)
+      with self.assertRaisesRegex(eb.PrecisionError, 'Einsum'):
+        eb.check_graph(graph, strict=True, loss=loss, min_bfloat16_share=0.5)
+
+  def test_every_autocast_matrix_op_is_counted(self):
+    from estimator_bf16 import audit  # pylint: disable=g-import-not-at-top
+    from estimator_bf16 import op_lists  # pylint: disable=g-import-not-at-top
+    self.assertContainsSubset(op_lists.BFLOAT16_OPS,
+                              set(audit._FLOP_COUNTERS))  # pylint: disable=protected-access
+    self.assertEqual(set(audit._FLOP_COUNTERS), op_lists.MATMUL_CONV_OPS)  # pylint: disable=protected-access
+
 
 if __name__ == '__main__':
   tf.test.main()

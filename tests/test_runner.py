@@ -253,11 +253,28 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
     # Stopped before the first step: nothing was written.
     self.assertFalse(os.path.exists(model_dir))
 
+  def test_check_after_run_builds_the_graph_and_leaves_model_dir_alone(self):
+    # The README's sequence: `run` trains model_dir to max_steps, then
+    # `check` on the same command line.
+    proc, model_dir, _ = _run_legacy_program('bfloat16')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    before = {name: os.stat(os.path.join(model_dir, name)).st_mtime_ns
+              for name in os.listdir(model_dir)}
+    proc = _cli('check', _PROGRAM, '--use_tpu=false',
+                '--model_dir=' + model_dir)
+    self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr[-3000:])
+    self.assertIn('result: OK', proc.stdout)
+    self.assertNotIn('Skipping training', proc.stderr)
+    self.assertEqual(
+        {name: os.stat(os.path.join(model_dir, name)).st_mtime_ns
+         for name in os.listdir(model_dir)}, before)
+
   def test_check_fails_on_planted_bfloat16_variable(self):
     proc = _cli('check', _PLANTED, '--use_tpu=false',
                 '--model_dir=' + os.path.join(_TMP['root'], 'planted'))
     self.assertEqual(proc.returncode, cli.EXIT_CHECK_FAILED, proc.stdout)
-    self.assertIn("variable 'planted/bf16_scale' is stored as bfloat16",
+    self.assertIn("variable 'planted/bf16_scale' (made at %s:22 "
+                  '(planted_model_fn)) is stored as bfloat16' % _PLANTED,
                   proc.stdout)
     self.assertIn('result: FAILED', proc.stdout)
 
@@ -378,7 +395,8 @@ class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
         audit=audit)
     self.assertEqual(result.exit_code, exit_code, result.error)
     self.assertLen(result.problems, 1)
-    self.assertIn("variable 'half' is stored as bfloat16", result.problems[0])
+    self.assertIn("variable 'half' (made at %s:18 (model_fn)) is stored as "
+                  'bfloat16' % program, result.problems[0])
     if audit == 'strict':
       self.assertIn('PrecisionError', result.error)
     self.assertIn("variable 'half'", run_report.format_run_report(result))
@@ -434,6 +452,33 @@ estimator.evaluate(input_fn, steps=1)""",
                   'step; newest checkpoint: %s' % result.stop_checkpoint,
                   run_report.format_run_report(result))
     self.assertEqual(self._patched_state(), before)
+
+  def test_every_problem_kind_names_the_program_line_that_made_it(self):
+    planted = _ESTIMATOR_PROGRAM.replace(
+        "  logits = tf.matmul(features['x'], w)\n"
+        "  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, "
+        "logits)\n",
+        "  import estimator_bf16 as eb\n"
+        "  tf.Variable(1.0, dtype=tf.bfloat16, trainable=False, name='half')\n"
+        "  with eb.keep_float32():  # left as TensorFlow builds it\n"
+        "    logits = tf.matmul(tf.cast(features['x'], tf.bfloat16),\n"
+        "                       tf.cast(w, tf.float32))\n"
+        "  loss = tf.cast(tf.compat.v1.losses.sparse_softmax_cross_entropy(\n"
+        "      labels, logits), tf.bfloat16)\n")
+    self.assertNotEqual(planted, _ESTIMATOR_PROGRAM)
+    program = self._program(planted)
+    result = runner.run_program(
+        program, [os.path.join(self.get_temp_dir(), 'kinds'),
+                  os.path.join(self.get_temp_dir(), 'kinds.json')],
+        audit='warn')
+    problems = '\n'.join(result.problems)
+    # Line 1 of the program is empty.
+    for what, line in (("variable 'half'", 19),
+                       ("op 'MatMul'", 21),  # a SparseMatMul
+                       ('the loss', 23)):
+      self.assertRegex(
+          problems, '%s[^\n]*made at %s:%d \\(model_fn\\)' % (
+              re.escape(what), re.escape(program), line))
 
   def test_argv_path_and_sibling_imports_as_python_sets_them(self):
     program = self._program('''

@@ -16,12 +16,10 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16 import op_lists
 from estimator_bf16.models.styles import STYLES
 
-MATRIX_OPS = frozenset([
-    'MatMul', 'BatchMatMul', 'BatchMatMulV2', 'BatchMatMulV3', 'SparseMatMul',
-    'Conv2D', 'Conv2DBackpropInput', 'Conv2DBackpropFilter',
-    'DepthwiseConv2dNative', 'Einsum'])
+MATRIX_OPS = op_lists.MATMUL_CONV_OPS
 MIN_OP_SHARE = 0.95
 # Largest bfloat16-vs-float32 gap allowed after the same training: eval loss
 # (nats) and accuracy. Measured gaps are a third of these or less; a
