@@ -16,7 +16,8 @@ with 0. A SIGTERM to the launcher (a preemption notice, `kill`) goes to the
 chief first, which stops after its step and saves a checkpoint
 (`estimator_bf16.preemption`), then, once the chief has exited (at most
 `--grace_secs`), to the others, with SIGKILL 5 s later. The launcher then
-exits with 143.
+exits with 143. A Ctrl-C does the same and exits with 130; a second Ctrl-C
+stops every task at once.
 
 On several hosts, start the command on each host yourself with a TF_CONFIG
 listing every host (docs/distribute.md); this launcher is for trying it on
@@ -108,28 +109,48 @@ def _stream(process, prefix, out, lock):
   process.stdout.close()
 
 
+class _StopRequest(object):
+  """The first SIGTERM or Ctrl-C (SIGINT) the launcher got, if any."""
+
+  def __init__(self):
+    self.signum = None
+
+  def is_set(self):
+    return self.signum is not None
+
+  def handle(self, signum, frame):
+    del frame
+    if self.signum is None:
+      self.signum = signum
+    elif signum == signal.SIGINT:
+      # A second Ctrl-C: stop at once (the KeyboardInterrupt path).
+      raise KeyboardInterrupt()
+
+
 @contextlib.contextmanager
-def _sigterm_flag():
-  """Yields an Event that SIGTERM sets while the block runs.
+def _stop_flag():
+  """Yields a `_StopRequest` that SIGTERM and SIGINT set while the block runs.
 
   The tasks run in sessions of their own (a Ctrl-C in the terminal reaches
-  the launcher only), so a launcher that is terminated must pass SIGTERM on
-  or leave them running. The handler only sets the event: it can run between
-  any two statements of the main thread, where raising could abandon the
-  tasks half stopped. Only the main thread may set a handler (elsewhere the
-  event is never set); the previous one is restored on exit.
+  the launcher only), so a launcher that is terminated or interrupted must
+  pass the stop on or leave them running. The first signal only sets the
+  request: it can arrive between any two statements of the main thread,
+  where raising could abandon the tasks half stopped. Only the main thread
+  may set handlers (elsewhere the request is never set); the previous ones
+  are restored on exit.
   """
-  event = threading.Event()
+  request = _StopRequest()
   if threading.current_thread() is not threading.main_thread():
-    yield event
+    yield request
     return
-  previous = signal.signal(signal.SIGTERM, lambda signum, frame: event.set())
+  previous = {signum: signal.signal(signum, request.handle)
+              for signum in (signal.SIGTERM, signal.SIGINT)}
   try:
-    yield event
+    yield request
   finally:
-    # None: a handler installed outside Python; the default is the nearest.
-    signal.signal(signal.SIGTERM,
-                  signal.SIG_DFL if previous is None else previous)
+    for signum, handler in previous.items():
+      # None: a handler installed outside Python; the default is the nearest.
+      signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def _exit_status(returncode):
@@ -178,7 +199,7 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
 
   status = 0
   failed = None
-  with _sigterm_flag() as terminated:
+  with _stop_flag() as terminated:
     for job, index in _tasks(jobs):
       name = '%s:%d' % (job, index)
       task_env = dict(os.environ if env is None else env)
@@ -198,10 +219,11 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
     try:
       while any(p.poll() is None for p in processes.values()):
         if terminated.is_set():
-          say('got SIGTERM; passing it to chief:0, then to the other '
-              'tasks once it has stopped (at most %g s).' % grace_secs)
+          say('got %s; passing SIGTERM to chief:0, then to the other '
+              'tasks once it has stopped (at most %g s).' % (
+                  signal.Signals(terminated.signum).name, grace_secs))
           _pass_sigterm_on(processes, grace_secs)
-          failed, status = 'launch', 128 + signal.SIGTERM
+          failed, status = 'launch', 128 + terminated.signum
           break
         for name, process in processes.items():
           code = process.poll()

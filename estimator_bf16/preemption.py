@@ -1,9 +1,12 @@
-"""Stop cleanly on SIGTERM: a preempted job loses at most the current step.
+"""Stop cleanly on a signal: a stopped job loses at most the current step.
 
 `stop_on_sigterm()`: on SIGTERM (a preemptible TPU VM's notice) the loop
 stops after the current step and the `CheckpointSaverHook` writes a final
-checkpoint as it closes; a second SIGTERM exits at once. Works for any
-tf.compat.v1 training loop (Estimator or MonitoredSession).
+checkpoint as it closes; a second SIGTERM exits at once.
+`stop_on_signals()` does the same for SIGTERM and SIGINT (Ctrl-C at a
+terminal: the first one stops and saves, a second one stops at once, as
+Python's KeyboardInterrupt). Works for any tf.compat.v1 training loop
+(Estimator or MonitoredSession).
 """
 
 import os
@@ -73,6 +76,13 @@ class SignalStopper(object):
   def requested(self):
     return self._event.is_set()
 
+  @property
+  def exit_status(self):
+    """128 + the signal's number, as a shell reports a killed process."""
+    if self.signal_name is None:
+      return None
+    return 128 + signal.Signals[self.signal_name].value
+
   def _handle(self, signum, frame):
     del frame
     if self._event.is_set():
@@ -82,9 +92,11 @@ class SignalStopper(object):
       return
     self.signal_name = signal.Signals(signum).name
     self._event.set()
+    again = ('press Ctrl-C again' if signum == signal.SIGINT else
+             'send it again')
     logging.warning('%s received: training stops after the current step '
-                    'and writes a checkpoint; send it again to exit at once.',
-                    self.signal_name)
+                    'and writes a checkpoint; %s to stop at once.',
+                    self.signal_name, again)
 
   def _restore(self):
     for signum, handler in self._previous.items():
@@ -108,3 +120,9 @@ class SignalStopper(object):
 def stop_on_sigterm(steps_per_run=1):
   """Returns a `SignalStopper` for SIGTERM (see there)."""
   return SignalStopper((signal.SIGTERM,), steps_per_run=steps_per_run)
+
+
+def stop_on_signals(steps_per_run=1):
+  """Returns a `SignalStopper` for SIGTERM and SIGINT (Ctrl-C)."""
+  return SignalStopper((signal.SIGTERM, signal.SIGINT),
+                       steps_per_run=steps_per_run)

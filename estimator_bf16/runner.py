@@ -349,12 +349,12 @@ class _Session(object):
         hook = memory_lib.PeakMemoryHook()
         session.hooks.append(hook)
         hooks.append(hook)
-      # SIGTERM is handled only while the program trains, where stopping
-      # after the step saves work; elsewhere (evaluation, export, between
-      # calls) the newest checkpoint is already complete and the default
-      # action, an immediate exit, loses nothing. The handler is restored
-      # when the call returns or raises.
-      stopper = preemption.stop_on_sigterm()
+      # SIGTERM and Ctrl-C are handled only while the program trains,
+      # where stopping after the step saves work; elsewhere (evaluation,
+      # export, between calls) the newest checkpoint is already complete
+      # and the default action, an immediate exit, loses nothing. The
+      # handlers are restored when the call returns or raises.
+      stopper = preemption.stop_on_signals()
       arguments['hooks'] = hooks + [stopper.hook]
       with stopper:
         returned = original(*bound.args, **bound.kwargs)
@@ -599,9 +599,12 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       result.error = '%s: %s' % (type(e).__name__, e)
       print(result.error, file=sys.stderr)
       result.exit_code = 1
-    except KeyboardInterrupt as e:
-      result.error = _program_traceback(e, program)
-      print(result.error, end='', file=sys.stderr)
+    except KeyboardInterrupt:
+      # Ctrl-C outside train, or a second one inside: stop at once, in one
+      # line (the traceback is of wherever Python happened to be).
+      result.error = ('KeyboardInterrupt: stopped at once by Ctrl-C; the '
+                      'newest checkpoint is the last one written.')
+      print(result.error, file=sys.stderr)
       result.exit_code = 130
     except BaseException as e:  # pylint: disable=broad-except
       # As Python does for an uncaught exception: traceback, status 1.

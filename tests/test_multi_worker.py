@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+from absl.testing import parameterized
 import pytest
 import tensorflow as tf
 
@@ -317,7 +318,7 @@ class MultiWorkerTest(tf.test.TestCase):
     self.assertEqual(stopped_at, _step(model_dir), tail)
 
 
-class LaunchTest(tf.test.TestCase):
+class LaunchTest(tf.test.TestCase, parameterized.TestCase):
   """The launcher alone, with tiny Python commands instead of training."""
 
   def test_tf_config_per_task_and_prefixed_logs(self):
@@ -349,7 +350,9 @@ class LaunchTest(tf.test.TestCase):
     self.assertIn('[launch] worker:0 exited with status 3; stopping the '
                   'other tasks.', out.text())
 
-  def test_sigterm_to_the_launcher_goes_to_the_chief_first(self):
+  @parameterized.named_parameters(('sigterm', signal.SIGTERM),
+                                  ('ctrl_c', signal.SIGINT))
+  def test_a_stop_of_the_launcher_goes_to_the_chief_first(self, signum):
     # Each task says when it is ready. The chief then saves and exits on
     # SIGTERM, as a training task does on a preemption notice; the worker
     # only says it got SIGTERM and runs on, so the SIGKILL after it ends it.
@@ -366,13 +369,15 @@ class LaunchTest(tf.test.TestCase):
                   timeout=60)
       pids = _task_pids(lines)
       start = time.monotonic()
-      process.send_signal(signal.SIGTERM)
+      process.send_signal(signum)
       process.wait(timeout=60)
       stopped_after = time.monotonic() - start
     output = ''.join(lines)
-    self.assertEqual(128 + signal.SIGTERM, process.returncode, output)
-    self.assertIn('[launch] got SIGTERM; passing it to chief:0, then to the '
-                  'other tasks once it has stopped (at most 20 s).', output)
+    self.assertEqual(128 + signum, process.returncode, output)
+    self.assertIn('[launch] got %s; passing SIGTERM to chief:0, then to the '
+                  'other tasks once it has stopped (at most 20 s).' %
+                  signal.Signals(signum).name, output)
+    self.assertNotIn('Traceback', output)
     # The chief had saved and exited before the worker was signalled, not
     # after the 20 s grace; the worker outlived SIGTERM by the SIGKILL delay.
     order = [line for line in lines if line in (

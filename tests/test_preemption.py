@@ -37,7 +37,7 @@ _PREEMPTED_STATUS = 128 + signal.SIGTERM
 _RESTORED_RE = re.compile(r'Restoring parameters from \S*model\.ckpt-(\d+)')
 _STEP_RE = re.compile(r'\] step (\d+): ')  # ThroughputHook, read before
 _SAVING_RE = re.compile(r'Saving checkpoints for (\d+) into')
-_STOPPED_RE = re.compile(r'Stopping at global step (\d+) on SIGTERM')
+_STOPPED_RE = re.compile(r'Stopping at global step (\d+) on SIG(?:TERM|INT)')
 
 
 def _state_step(model_dir):
@@ -274,6 +274,29 @@ class KillAndResumeTest(tf.test.TestCase):
                     ['max steps lost: %d' % max(lost_steps)]))
 
 
+class CtrlCTest(tf.test.TestCase):
+
+  def test_ctrl_c_saves_the_step_reached_and_exits_130(self):
+    root = self.create_tempdir().full_path
+    model_dir = os.path.join(root, 'model')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='1',
+               ESTIMATOR_BF16_CACHE=os.path.join(root, 'cache'))
+    run = _Run(model_dir, os.path.join(root, 'run.log'), env)
+    # Past the first periodic checkpoint, and not on another one.
+    run.wait_for(lambda: (run.last_step or 0) >= _INTERVAL + 3,
+                 'step %d' % (_INTERVAL + 3))
+    status = run.kill(signal.SIGINT)
+    self.assertEqual(status, 128 + signal.SIGINT, run.tail())
+    self.assertIsNotNone(run.stopped, run.tail())
+    self.assertGreater(run.stopped, _INTERVAL, run.tail())
+    self.assertEqual(_newest_whole(model_dir)[0], run.stopped)
+    log = run.tail()
+    self.assertIn('SIGINT received: training stops after the current step '
+                  'and writes a checkpoint; press Ctrl-C again', log)
+    self.assertNotIn('Traceback', log)
+    self.assertNotIn('KeyboardInterrupt', log)
+
+
 def _train_checkpoints(model_dir, steps):
   """Writes checkpoints at each step of `steps` with a tiny graph."""
   with tf.Graph().as_default():
@@ -344,17 +367,33 @@ class EnsureRestorableTest(tf.test.TestCase):
 
 class SignalStopperTest(tf.test.TestCase, parameterized.TestCase):
 
-  def test_sigterm_requests_a_stop_and_handler_is_restored(self):
-    before = signal.getsignal(signal.SIGTERM)
-    with preemption.stop_on_sigterm() as stopper:
+  @parameterized.named_parameters(('sigterm', signal.SIGTERM, 143),
+                                  ('ctrl_c', signal.SIGINT, 130))
+  def test_a_signal_requests_a_stop_and_handlers_are_restored(
+      self, signum, status):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with preemption.stop_on_signals() as stopper:
       self.assertFalse(stopper.requested)
-      os.kill(os.getpid(), signal.SIGTERM)
+      self.assertIsNone(stopper.exit_status)
+      os.kill(os.getpid(), signum)
       deadline = time.monotonic() + 5
       while not stopper.requested and time.monotonic() < deadline:
         time.sleep(0.01)
       self.assertTrue(stopper.requested)
-      self.assertEqual(stopper.signal_name, 'SIGTERM')
-    self.assertEqual(signal.getsignal(signal.SIGTERM), before)
+      self.assertEqual(stopper.signal_name, signal.Signals(signum).name)
+      self.assertEqual(stopper.exit_status, status)
+    self.assertEqual(
+        {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)},
+        before)
+
+  def test_a_second_ctrl_c_stops_at_once(self):
+    with self.assertRaises(KeyboardInterrupt):
+      with preemption.stop_on_signals() as stopper:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # let Python run the handler
+        self.assertTrue(stopper.requested)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # interrupted by the KeyboardInterrupt
 
   # One step a run, counted right or (a TPU loop's length the caller got
   # wrong) as three: the stop step is the graph's either way.

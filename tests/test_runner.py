@@ -428,18 +428,22 @@ estimator.evaluate(input_fn, steps=1)""",
       self.assertEqual(result.exit_code, code)
       self.assertEqual(self._patched_state(), before)
 
-  @parameterized.named_parameters(('bfloat16', 'bfloat16'),
-                                  ('float32', 'float32'))
-  def test_sigterm_in_train_saves_the_step_and_ends_the_program(
-      self, precision):
+  @parameterized.named_parameters(
+      ('bfloat16', 'bfloat16', signal.SIGTERM),
+      ('float32', 'float32', signal.SIGTERM),
+      ('ctrl_c', 'bfloat16', signal.SIGINT))
+  def test_a_stop_in_train_saves_the_step_and_ends_the_program(
+      self, precision, signum):
     before = self._patched_state()
-    model_dir = os.path.join(self.get_temp_dir(), 'preempted_' + precision)
-    after_train = os.path.join(self.get_temp_dir(), precision + '.json')
-    result = runner.run_program(self._program(_PREEMPTED_PROGRAM),
+    name = signal.Signals(signum).name
+    model_dir = os.path.join(self.get_temp_dir(), name + precision)
+    after_train = os.path.join(self.get_temp_dir(), name + precision + '.json')
+    program = _PREEMPTED_PROGRAM.replace('signal.SIGTERM', 'signal.' + name)
+    result = runner.run_program(self._program(program),
                                 [model_dir, after_train],
                                 precision=precision)
-    self.assertEqual(result.exit_code, 143, result.error)
-    self.assertEqual(result.stopped_by, 'SIGTERM')
+    self.assertEqual(result.exit_code, 128 + signum, result.error)
+    self.assertEqual(result.stopped_by, name)
     # The step the signal came in, saved; nothing after train ran.
     self.assertEqual(result.stop_checkpoint,
                      os.path.join(model_dir, 'model.ckpt-5'))
@@ -448,8 +452,9 @@ estimator.evaluate(input_fn, steps=1)""",
     self.assertEqual(tf.train.load_variable(model_dir, 'global_step'), 5)
     self.assertFalse(os.path.exists(after_train))
     self.assertIsNone(result.error)
-    self.assertIn('stopped by SIGTERM during training, after the current '
-                  'step; newest checkpoint: %s' % result.stop_checkpoint,
+    self.assertIn('stopped by %s during training, after the current '
+                  'step; newest checkpoint: %s' % (name,
+                                                  result.stop_checkpoint),
                   run_report.format_run_report(result))
     self.assertEqual(self._patched_state(), before)
 

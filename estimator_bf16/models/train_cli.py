@@ -16,7 +16,8 @@ process per host, described by TF_CONFIG (`python -m estimator_bf16.launch
 docs/distribute.md.
 
 Rerunning the same command resumes from the last checkpoint. On SIGTERM the
-run writes a checkpoint and exits with status 143; bad data, a NaN/Inf
+run writes a checkpoint and exits with status 143, on a first Ctrl-C
+(SIGINT) the same with 130 (a second Ctrl-C stops at once); bad data, a NaN/Inf
 (with --numeric_guard, the default) or an unusable --model_dir exit with
 status 1 and a message naming the file, step or flag.
 """
@@ -36,8 +37,9 @@ from estimator_bf16.models import training
 from estimator_bf16 import optimizers
 from estimator_bf16 import strategies
 
-# Stopped by SIGTERM after writing a checkpoint: the usual 128 + signal.
+# Stopped by a signal after writing a checkpoint: the usual 128 + signal.
 PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
+INTERRUPTED_EXIT_STATUS = 128 + signal.SIGINT
 _OPTION_FIELDS = {field.name: field
                   for field in dataclasses.fields(training.TrainOptions)}
 
@@ -140,6 +142,11 @@ def main(argv):
   try:
     # Checks every option before TensorFlow builds anything.
     result = training.run(training.prepare(options_from_flags()))
+  except KeyboardInterrupt:
+    # Ctrl-C outside training, or a second one: stopped at once.
+    print('interrupted: stopped at once; rerun the same command to resume '
+          'from the last checkpoint written.', file=sys.stderr)
+    sys.exit(INTERRUPTED_EXIT_STATUS)
   except training.OptionError as e:
     raise app.UsageError(str(e)) from e
   except training.FAILURES as e:
@@ -148,7 +155,8 @@ def main(argv):
     sys.exit('error: %s' % e)
   if result['preempted']:
     # Not done: a supervisor that restarts on a non-zero status resumes it.
-    sys.exit(PREEMPTED_EXIT_STATUS)
+    sys.exit(INTERRUPTED_EXIT_STATUS if result['stopped_by'] == 'SIGINT'
+             else PREEMPTED_EXIT_STATUS)
   print(json.dumps({key: result[key] for key in
                     ('eval', 'examples_per_sec', 'train_seconds',
                      'export_dir')}, indent=2, sort_keys=True))

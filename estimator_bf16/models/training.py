@@ -381,9 +381,9 @@ def run(options, hooks=()):
   """Trains, evaluates and exports one model.
 
   Training resumes from the last readable checkpoint in model_dir. On
-  SIGTERM it stops after the current step, the Estimator writes a final
-  checkpoint, and `run` returns at once with 'preempted' set (no eval, no
-  export): run it again to go on.
+  SIGTERM or Ctrl-C (SIGINT) it stops after the current step, the
+  Estimator writes a final checkpoint, and `run` returns at once with
+  'preempted' set (no eval, no export): run it again to go on.
 
   With `options.distribute` training is data parallel (docs/distribute.md).
   In a multi-worker run (TF_CONFIG) the chief checks model_dir, writes the
@@ -399,6 +399,7 @@ def run(options, hooks=()):
     'examples_per_sec' (steady state; None if training was already done),
     'eval' (the Estimator's eval results, Python numbers), 'export_dir'
     (str, or None without `options.export`), 'preempted' (bool),
+    'stopped_by' (the signal's name, e.g. 'SIGINT', or None),
     'global_step' (after training), 'activation_stats' (the report of
     `ActivationStatsHook`, or None when off) and 'skipped_files' (with
     --skip_corrupt_records: {path: (bytes read, size, times)} of the
@@ -455,7 +456,7 @@ def run(options, hooks=()):
       tf_random_seed=options.seed, distribute=strategy)
   throughput = ThroughputHook(options.train_batch_size,
                               options.log_every_steps)
-  stopper = preemption.stop_on_sigterm(steps_per_run)
+  stopper = preemption.stop_on_signals(steps_per_run)
   # The match check goes first: its `begin` fails before other hooks write.
   train_hooks = [checkpoint_match.CheckpointMatchHook(options.model_dir), throughput,
                  stopper.hook]
@@ -487,14 +488,15 @@ def run(options, hooks=()):
       'eval': None,
       'export_dir': None,
       'preempted': stopper.requested,
+      'stopped_by': stopper.signal_name,
       'global_step': global_step,
       'activation_stats': stats.report if stats else None,
       'skipped_files': None,
   }
   if stopper.requested:
-    logging.warning('Preempted at global step %d; the checkpoint is '
+    logging.warning('Stopped by %s at global step %d; the checkpoint is '
                     'written. Run the same command again to resume.',
-                    global_step)
+                    stopper.signal_name, global_step)
     return result
   if not chief:
     # The chief evaluates and exports; it may still be writing the final
@@ -549,7 +551,7 @@ def _evaluate_checkpoints(options, model):
       tf_random_seed=options.seed)
   result = {'options': dataclasses.asdict(options), 'train_seconds': 0.0,
             'examples_per_sec': None, 'eval': None, 'export_dir': None,
-            'preempted': False, 'global_step': None,
+            'preempted': False, 'stopped_by': None, 'global_step': None,
             'activation_stats': None, 'skipped_files': None,
             'evaluated_steps': []}
   for path in tf.train.checkpoints_iterator(
