@@ -47,8 +47,12 @@ class ConversionReport:
     return '\n'.join(lines)
 
 
-def _resolve(path):
-  """A model_dir resolves to its latest checkpoint; a prefix stays."""
+def resolve_checkpoint(path):
+  """A model_dir resolves to its latest checkpoint prefix; a prefix stays.
+
+  Raises:
+    ValueError: there is no checkpoint at `path`.
+  """
   if tf.io.gfile.isdir(path):
     latest = tf.train.latest_checkpoint(path)
     if latest is None:
@@ -61,7 +65,7 @@ def _resolve(path):
 
 def inspect_checkpoint(path):
   """Returns {name: (dtype name, shape)} for every variable in a checkpoint."""
-  reader = tf.train.load_checkpoint(_resolve(path))
+  reader = tf.train.load_checkpoint(resolve_checkpoint(path))
   shapes = reader.get_variable_to_shape_map()
   return {name: (dtype.name, tuple(shapes[name]))
           for name, dtype in reader.get_variable_to_dtype_map().items()}
@@ -85,7 +89,7 @@ def convert_checkpoint(input_path, output_prefix, strip_prefix=OLD_PREFIX,
     ValueError: no input checkpoint, an existing output without
       `overwrite`, or two variables that would get the same name.
   """
-  source = _resolve(input_path)
+  source = resolve_checkpoint(input_path)
   reader = tf.train.load_checkpoint(source)
   dtypes = reader.get_variable_to_dtype_map()
   renamed, cast, kept, targets = [], [], [], {}

@@ -14,10 +14,12 @@ import sys
 
 from absl import app
 from absl import flags
+import tensorflow as tf
 
 from estimator_bf16.checkpoint_convert import convert_checkpoint
 from estimator_bf16.checkpoint_convert import inspect_checkpoint
 from estimator_bf16.checkpoint_convert import OLD_PREFIX
+from estimator_bf16.checkpoint_convert import resolve_checkpoint
 
 
 def _define_flags():
@@ -37,7 +39,12 @@ def _main(argv):
   fl = flags.FLAGS
   try:
     if argv[1] == 'inspect':
-      for name, (dtype, shape) in sorted(inspect_checkpoint(fl.input).items()):
+      prefix = resolve_checkpoint(fl.input)
+      variables = inspect_checkpoint(prefix)
+      step = ('global step %d' % tf.train.load_variable(prefix, 'global_step')
+              if 'global_step' in variables else 'no global_step in it')
+      print('checkpoint: %s (%s)' % (prefix, step))
+      for name, (dtype, shape) in sorted(variables.items()):
         flag = '  <- not float32' if dtype in ('bfloat16', 'float16') else ''
         print('%-60s %-9s %s%s' % (name, dtype, list(shape), flag))
       return 0

@@ -83,6 +83,24 @@ def _tensorflow_version():
     return (0, 0)
 
 
+def _misplaced_options(args, program_flags):
+  """Our options given after PROGRAM.py that the program does not define."""
+  parser = build_parser()
+  command = next(a for a in parser._actions  # pylint: disable=protected-access
+                 if isinstance(a, argparse._SubParsersAction)  # pylint: disable=protected-access
+                 ).choices[args.command]
+  ours = [option for action in command._actions  # pylint: disable=protected-access
+          for option in action.option_strings if option.startswith('--')]
+  found = []
+  for option in ours:
+    if option == '--help' or option[2:] in program_flags:
+      continue
+    if any(arg == option or arg.startswith(option + '=')
+           for arg in args.program_args):
+      found.append(option)
+  return found
+
+
 def _set_environment(args):
   if _tensorflow_version() >= (2, 16):
     os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
@@ -139,4 +157,10 @@ def main(argv=None):
   # what it would be without the runner.
   print(run_report.format_run_report(result), end='', file=sys.stderr,
         flush=True)
+  if result.exit_code:
+    for option in _misplaced_options(args, result.program_flags):
+      print('estimator_bf16: %s is an option of `%s`, not of the program: '
+            'put it before %s (everything after PROGRAM.py goes to the '
+            'program).' % (option, args.command, args.program),
+            file=sys.stderr)
   return result.exit_code

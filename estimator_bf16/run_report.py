@@ -122,6 +122,8 @@ def format_run_report(result):
     lines.append('stopped by %s during training, after the current step; '
                  'newest checkpoint: %s (the same command resumes from it)' %
                  (result.stopped_by, result.stop_checkpoint or 'none'))
+  if result.reason:
+    lines.append('failed: %s' % result.reason)
   lines.append('exit code: %d' % result.exit_code)
   return '\n'.join(lines) + '\n'
 
@@ -163,6 +165,8 @@ def format_check_report(result):
     if result.error is not None:
       lines.append('the program failed before its first train call (exit '
                    'code %d); its traceback is above.' % result.exit_code)
+      if result.reason:
+        lines.append('failed: %s' % result.reason)
     elif result.estimators == 0:
       lines.append('the program built no Estimator or TPUEstimator: there '
                    'is no TRAIN graph to check.')

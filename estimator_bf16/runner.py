@@ -129,6 +129,9 @@ class RunResult:
       ('SIGTERM'), or None.
     stop_checkpoint: the newest checkpoint of the stopped estimator's
       model_dir after the stop (the one a rerun restores), or None.
+    reason: for a program that raised, one line: the exception's type and
+      message, and the program's line it came from.
+    program_flags: names of the absl flags the program defined.
     tf1: whether the program ran with the TF 1.x API.
     tf1_reason: why: the first TF 1.x use found ('file:line: tf.flags'),
       the option that forced it, or what was read without finding one.
@@ -146,6 +149,8 @@ class RunResult:
   error: Optional[str] = None
   stopped_by: Optional[str] = None
   stop_checkpoint: Optional[str] = None
+  reason: Optional[str] = None
+  program_flags: frozenset = frozenset()
   tf1: bool = False
   tf1_reason: Optional[str] = None
 
@@ -471,7 +476,7 @@ def _compat_backend():
 
 
 @contextlib.contextmanager
-def _forget_program_state(folders):
+def _forget_program_state(folders, result):
   """Drops the absl flags and the modules of the program's folders afterwards.
 
   A process runs a program once; this lets a second run in the same process
@@ -483,12 +488,27 @@ def _forget_program_state(folders):
   try:
     yield
   finally:
-    for name in set(flags.FLAGS) - flags_before:
+    result.program_flags = frozenset(set(flags.FLAGS) - flags_before)
+    for name in result.program_flags:
       delattr(flags.FLAGS, name)
     for name in set(sys.modules) - modules_before:
       path = getattr(sys.modules[name], '__file__', None) or ''
       if os.path.realpath(path).startswith(folders):
         del sys.modules[name]
+
+
+def _failure_reason(error, folders):
+  """'Type: first line of the message (at file:line)', the line the
+  innermost frame of the program's own code was at."""
+  folders = tuple(os.path.realpath(f) + os.sep for f in folders)
+  where = None
+  for frame, lineno in traceback.walk_tb(error.__traceback__):
+    path = frame.f_code.co_filename
+    if os.path.realpath(path).startswith(folders):
+      where = '%s:%d' % (path, lineno)
+  lines = str(error).strip().splitlines()
+  return '%s%s%s' % (type(error).__name__, ': ' + lines[0] if lines else '',
+                     ' (at %s)' % where if where else '')
 
 
 def _exit_code(exit_exception):
@@ -568,7 +588,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     stack.enter_context(_compat_backend())
     stack.enter_context(tpu_resolver.substitute_empty_name(count_resolver))
     stack.enter_context(session.patches())
-    stack.enter_context(_forget_program_state(folders))
+    stack.enter_context(_forget_program_state(folders, result))
     scope = _tf1_scope(program, folders, tf1, result)
     program_globals = {}
     if scope is not None:
@@ -596,7 +616,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     except tf1_lib.UnmappedContribError as e:
       # The message names the symbol and the program's line: the
       # traceback through the import machinery adds nothing.
-      result.error = '%s: %s' % (type(e).__name__, e)
+      result.error = result.reason = '%s: %s' % (type(e).__name__, e)
       print(result.error, file=sys.stderr)
       result.exit_code = 1
     except KeyboardInterrupt:
@@ -609,6 +629,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     except BaseException as e:  # pylint: disable=broad-except
       # As Python does for an uncaught exception: traceback, status 1.
       result.error = _program_traceback(e, program)
+      result.reason = _failure_reason(e, folders)
       print(result.error, end='', file=sys.stderr)
       result.exit_code = 1
     if (check and plan_fn is not None and result.train_graph is not None

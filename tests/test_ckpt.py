@@ -99,6 +99,12 @@ class CkptTest(tf.test.TestCase):
     self.assertIn('3 variable(s): 2 renamed, 1 cast to float32', result.stdout)
     result = run('inspect', '--input=' + source)
     self.assertIn('not float32', result.stdout)
+    self.assertTrue(result.stdout.startswith(
+        'checkpoint: %s (global step 7)\n' % source), result.stdout)
+    # A model_dir names the checkpoint it resolved to.
+    result = run('inspect', '--input=' + os.path.dirname(target))
+    self.assertTrue(result.stdout.startswith(
+        'checkpoint: %s (global step 7)\n' % target), result.stdout)
     result = run('convert', '--input=' + source, '--output=' + target)
     self.assertEqual(result.returncode, 2)
     self.assertIn('already holds a checkpoint', result.stderr)

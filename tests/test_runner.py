@@ -8,7 +8,9 @@ read back. Small programs written by the tests run in-process to pin down
 exit codes, error paths, and that everything patched is put back.
 """
 
+import contextlib
 import functools
+import io
 import json
 import os
 import re
@@ -517,6 +519,10 @@ estimator.evaluate(input_fn, steps=1)""",
     self.assertEqual(result.exit_code, 1)
     self.assertIn('RuntimeError: the program failed', result.error)
     self.assertIn('File "%s", line 4' % program, result.error)
+    # The report ends with the reason in one line.
+    self.assertTrue(run_report.format_run_report(result).endswith(
+        'failed: RuntimeError: the program failed (at %s:3)\nexit code: 1\n'
+        % program), run_report.format_run_report(result))
     # Only the program's frames, as Python prints them.
     self.assertNotIn('runpy', result.error)
     self.assertIn('the program built no Estimator',
@@ -619,6 +625,28 @@ class CommandLineTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(args.program, 'prog.py')
     self.assertEqual(args.program_args, ['--precision=bfloat16', '--memory',
                                          'x'])
+
+  @parameterized.named_parameters(
+      # absl refuses the flag the program does not define: say where it goes.
+      ('ours', '', ['--precision=float32'], True),
+      # The program has a --precision of its own (resnet_main.py does).
+      ('the_programs', "flags.DEFINE_string('precision', 'x', 'Its own.')\n",
+       ['--precision=float32'], False),
+      ('none', '', [], False))
+  def test_a_failing_program_hears_of_our_options_after_it(
+      self, own_flag, extra, hinted):
+    folder = self.create_tempdir().full_path
+    program = os.path.join(folder, 'program.py')
+    with open(program, 'w') as f:
+      f.write('from absl import app, flags\n' + own_flag +
+              'app.run(lambda argv: 3)\n')
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+      code = cli.main(['run', program] + extra)
+    self.assertNotEqual(code, 0)
+    hint = ('estimator_bf16: --precision is an option of `run`, not of the '
+            'program: put it before %s' % program)
+    self.assertEqual(hint in err.getvalue(), hinted, err.getvalue())
 
 
 class PlanTest(tf.test.TestCase):

@@ -297,6 +297,27 @@ class CommandLineTest(tf.test.TestCase):
     self.assertIn('--train_batch_size', done.stderr)
     self.assertFalse(os.path.exists(model_dir))
 
+  @pytest.mark.slow
+  def test_an_unusable_model_dir_is_one_message_without_usage(self):
+    not_a_dir = os.path.join(self.create_tempdir().full_path, 'a_file')
+    with open(not_a_dir, 'w') as f:
+      f.write('x')
+    done = self._run_cli('--model=mnist_mlp', '--model_dir=' + not_a_dir)
+    self.assertEqual(done.returncode, 1, done.stderr[-3000:])
+    self.assertEqual(done.stderr.strip().splitlines()[-1],
+                     'error: --model_dir: cannot write to %s (%s is not a '
+                     'directory); checkpoints, summaries and the export go '
+                     'there, so pick a writable directory.' % (not_a_dir,
+                                                               not_a_dir))
+    # No dump of every flag's help.
+    self.assertNotIn('--train_steps', done.stderr)
+
+  @pytest.mark.slow
+  def test_help_exits_0_and_lists_the_flags(self):
+    done = self._run_cli('--help')
+    self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+    self.assertIn('--model_dir', done.stdout)
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -148,7 +148,9 @@ def main(argv):
           'from the last checkpoint written.', file=sys.stderr)
     sys.exit(INTERRUPTED_EXIT_STATUS)
   except training.OptionError as e:
-    raise app.UsageError(str(e)) from e
+    # The message alone: it names the flag, and a usage dump of every flag
+    # would bury it.
+    sys.exit('error: %s' % e)
   except training.FAILURES as e:
     # A clear message, not a traceback: the data, the numbers or model_dir
     # need fixing, not the program.
@@ -170,7 +172,17 @@ def run(argv=None):
     eb.compat.install()
   define_flags()
   _help_names_this_program()
-  app.run(main, argv=argv)
+  try:
+    app.run(main, argv=argv)
+  except SystemExit as e:
+    # absl ends --help with status 1; asking for help is no failure.
+    if e.code == 1 and _HELP_FLAGS & set(sys.argv if argv is None else argv):
+      raise SystemExit(0) from None
+    raise
+
+
+_HELP_FLAGS = frozenset(['--help', '-help', '--helpshort', '--helpfull',
+                         '-?'])
 
 
 def _help_names_this_program(flag_values=flags.FLAGS):
