@@ -9,6 +9,11 @@ tf.estimator) it is `estimator_bf16.compat.TPUEstimator` (CPU/GPU only).
 Legacy code that names `tf.estimator` itself needs `eb.compat.install()`.
 """
 
+# Before TensorFlow loads: the package's own commands start quiet.
+from estimator_bf16 import quiet as _quiet
+_quiet.quiet_commands()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from estimator_bf16._tf_check import check_tensorflow as _check_tensorflow
 
 BACKEND = _check_tensorflow()

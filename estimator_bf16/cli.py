@@ -57,6 +57,9 @@ def build_parser():
                          metavar='FOLDER',
                          help='a folder of more TF 1.x modules the program '
                          'imports (its own folder always counts); repeatable')
+    # Read before TensorFlow loads (estimator_bf16.quiet).
+    command.add_argument('--verbose', action='store_true',
+                         help="show TensorFlow's own C++ log lines")
     if name == 'run':
       command.add_argument('--memory', action='store_true',
                            help='measure the peak memory of a training step')

@@ -37,6 +37,7 @@ from absl import app
 from absl import flags
 
 from estimator_bf16 import cluster as cluster_lib
+from estimator_bf16 import quiet
 
 _HOST = '127.0.0.1'
 _KILL_AFTER_SECS = 5.0
@@ -47,6 +48,10 @@ def define_flags(flag_values=flags.FLAGS):
   flags.DEFINE_integer('workers', 2, 'Training processes: the chief and '
                        'workers - 1 workers.', lower_bound=1,
                        flag_values=flag_values)
+  # Read before TensorFlow loads (estimator_bf16.quiet); the tasks inherit
+  # the setting through the environment.
+  flags.DEFINE_bool('verbose', False, quiet.VERBOSE_HELP,
+                    flag_values=flag_values)
   flags.DEFINE_bool('evaluator', False, 'Also start an evaluator task, '
                     'which evaluates each new checkpoint.',
                     flag_values=flag_values)

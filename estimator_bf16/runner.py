@@ -54,6 +54,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16 import peak_memory as memory_lib
 from estimator_bf16 import preemption
+from estimator_bf16 import quiet
 from estimator_bf16 import tpu_resolver
 from estimator_bf16 import tf1 as tf1_lib
 
@@ -585,6 +586,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
   folders = [os.path.dirname(os.path.realpath(program))] + list(tf1_paths)
   with contextlib.ExitStack() as stack:
     stack.callback(session.close)
+    stack.enter_context(quiet.tensorflow_logs_once())
     stack.enter_context(_compat_backend())
     stack.enter_context(tpu_resolver.substitute_empty_name(count_resolver))
     stack.enter_context(session.patches())

@@ -35,6 +35,7 @@ from estimator_bf16.models import bert
 from estimator_bf16.models import registry
 from estimator_bf16.models import training
 from estimator_bf16 import optimizers
+from estimator_bf16 import quiet
 from estimator_bf16 import strategies
 
 # Stopped by a signal after writing a checkpoint: the usual 128 + signal.
@@ -126,6 +127,8 @@ def define_flags(flag_values=flags.FLAGS):
   integer('activation_stats_steps', 'Every N steps, measure max |x| and the '
           'underflow share of each bfloat16 activation (debug; 0: off).',
           lower_bound=0)
+  # Read before TensorFlow loads (estimator_bf16.quiet); not a TrainOption.
+  flags.DEFINE_bool('verbose', False, quiet.VERBOSE_HELP, flag_values=f)
   flags.mark_flags_as_required(['model', 'model_dir'], flag_values=f)
 
 
@@ -141,7 +144,8 @@ def main(argv):
     raise app.UsageError('Unexpected arguments: %s' % ' '.join(argv[1:]))
   try:
     # Checks every option before TensorFlow builds anything.
-    result = training.run(training.prepare(options_from_flags()))
+    with quiet.tensorflow_logs_once():
+      result = training.run(training.prepare(options_from_flags()))
   except KeyboardInterrupt:
     # Ctrl-C outside training, or a second one: stopped at once.
     print('interrupted: stopped at once; rerun the same command to resume '

@@ -1,0 +1,88 @@
+"""The package's commands start quiet: TensorFlow's C++ log lines off.
+
+TensorFlow prints its C++ log lines (cuDNN/cuFFT/cuBLAS "Unable to
+register" errors on every CPU machine, oneDNN and CPU-feature notes, gRPC
+connection retries of a multi-worker start) from the moment its library
+loads, which is when `import estimator_bf16` imports it: the only moment to
+choose is before that, so the package's `__init__` calls `quiet_commands()`
+first. It acts only when the process is one of this package's commands
+(`python -m estimator_bf16...`, `estimator-bf16`, `estimator-bf16-train`,
+`tpu-submit`), never for a program that imports the package, and only sets
+`TF_CPP_MIN_LOG_LEVEL` when it is unset; `--verbose` on the command line
+keeps TensorFlow's own output. Python errors, the commands' own messages
+and a program's own logging are untouched. The tasks of a launched
+multi-worker job inherit the setting.
+
+`tensorflow_logs_once()` keeps TensorFlow's Python log lines from being
+printed twice (by its own handler and again by absl's root handler).
+"""
+
+import contextlib
+import logging
+import os
+import sys
+
+VERBOSE_FLAG = '--verbose'
+VERBOSE_HELP = ("Show TensorFlow's own C++ log lines, which the package's "
+                'commands hide by default.')
+_CONSOLE_SCRIPTS = frozenset(['estimator-bf16', 'estimator-bf16-train',
+                              'tpu-submit'])
+_PACKAGE = 'estimator_bf16'
+# 3 hides C++ INFO, WARNING and ERROR lines (the cuDNN registration lines
+# are ERRORs); failures still reach the user as Python exceptions.
+_QUIET_LEVEL = '3'
+_VERBOSE_LEVEL = '0'
+
+
+def is_package_command(argv):
+  """True if `argv` (the interpreter's command line) runs a command of ours."""
+  if not argv:
+    return False
+  if os.path.basename(argv[0]) in _CONSOLE_SCRIPTS:
+    return True
+  for index, arg in enumerate(argv[:-1]):
+    if arg == '-m':
+      module = argv[index + 1]
+      return module == _PACKAGE or module.startswith(_PACKAGE + '.')
+  return False
+
+
+def quiet_commands(argv=None, environ=None):
+  """Sets TF_CPP_MIN_LOG_LEVEL for our commands; see the module doc.
+
+  Args:
+    argv: the interpreter's full command line (default `sys.orig_argv`).
+    environ: the environment to change (default `os.environ`).
+
+  Returns:
+    True if the level was set here.
+  """
+  argv = list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
+  environ = os.environ if environ is None else environ
+  if not is_package_command(argv) or 'TF_CPP_MIN_LOG_LEVEL' in environ:
+    return False
+  # With --verbose the level is set too ('0', TensorFlow's default), so the
+  # commands this one starts (a launcher's tasks) stay verbose as well.
+  environ['TF_CPP_MIN_LOG_LEVEL'] = (
+      _VERBOSE_LEVEL if VERBOSE_FLAG in argv else _QUIET_LEVEL)
+  return True
+
+
+@contextlib.contextmanager
+def tensorflow_logs_once():
+  """Inside, each TensorFlow Python log line is printed once, not twice.
+
+  TensorFlow gives its 'tensorflow' logger a handler of its own when it is
+  imported before any root handler exists; absl's `app.run` then adds one to
+  the root logger, and every record is printed by both. While this is
+  active the 'tensorflow' logger does not pass records on to the root
+  logger when it has a handler of its own; `propagate` is put back on exit.
+  """
+  logger = logging.getLogger('tensorflow')
+  previous = logger.propagate
+  if logger.handlers:
+    logger.propagate = False
+  try:
+    yield
+  finally:
+    logger.propagate = previous

@@ -1,0 +1,107 @@
+"""The package's commands print what matters, not TensorFlow's noise."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+from absl.testing import parameterized
+import tensorflow as tf
+
+from estimator_bf16 import quiet
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A TensorFlow C++ log line: '... port.cc:113] ...'.
+_CPP_LINE = re.compile(r'^.*\.cc:\d+\] .*$', re.M)
+# TensorFlow 2.16+ logs through C++ absl, which writes what comes before its
+# initialisation whatever the level (abseil-cpp pull request 1957, open):
+# the oneDNN and CUDA notes of TensorFlow's import. Nothing else may show.
+_UNSILENCEABLE = ('] oneDNN custom operations are on',
+                  '] Could not find cuda drivers')
+
+
+def _noise(stderr):
+  lines = _CPP_LINE.findall(stderr)
+  if tf.__version__ >= '2.16':
+    lines = [l for l in lines if not any(u in l for u in _UNSILENCEABLE)]
+  return lines
+
+_PROGRAM = '''
+from absl import app
+import numpy as np
+import tensorflow as tf
+from tensorflow.compat.v1 import estimator as tf_estimator
+
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
+
+def input_fn():
+  x = np.ones([8, 3], np.float32)
+  return tf.data.Dataset.from_tensor_slices(
+      ({'x': x}, np.zeros([8], np.int32))).repeat().batch(4)
+
+def model_fn(features, labels, mode):
+  w = tf.compat.v1.get_variable('w', [3, 2])
+  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
+      labels, tf.matmul(features['x'], w))
+  train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+      loss, tf.compat.v1.train.get_global_step())
+  return tf_estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+def main(argv):
+  tf_estimator.Estimator(model_fn, model_dir=argv[1]).train(
+      input_fn, max_steps=3)
+  tf.compat.v1.logging.info('the program trained')
+
+app.run(main)
+'''
+
+
+class QuietCommandsTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('run', ['python', '-m', 'estimator_bf16', 'run', 'p.py'], '3'),
+      ('train', ['python', '-m', 'estimator_bf16.models.train_cli'], '3'),
+      ('script', ['/venv/bin/estimator-bf16-train', '--model=x'], '3'),
+      ('verbose', ['python', '-m', 'estimator_bf16.launch', '--verbose'],
+       '0'),
+      ('a_users_program', ['python', 'train.py'], None),
+      ('another_module', ['python', '-m', 'estimator_bf16x'], None))
+  def test_level_is_set_for_our_commands_only(self, argv, level):
+    environ = {}
+    quiet.quiet_commands(argv, environ)
+    self.assertEqual(environ.get('TF_CPP_MIN_LOG_LEVEL'), level)
+
+  def test_a_level_the_user_set_wins(self):
+    environ = {'TF_CPP_MIN_LOG_LEVEL': '1'}
+    self.assertFalse(quiet.quiet_commands(
+        ['python', '-m', 'estimator_bf16', 'run', 'p.py'], environ))
+    self.assertEqual(environ, {'TF_CPP_MIN_LOG_LEVEL': '1'})
+
+  def _run(self, *options):
+    folder = self.create_tempdir().full_path
+    program = os.path.join(folder, 'program.py')
+    with open(program, 'w') as f:
+      f.write(textwrap.dedent(_PROGRAM))
+    env = {k: v for k, v in os.environ.items()
+           if k != 'TF_CPP_MIN_LOG_LEVEL'}
+    return subprocess.run(
+        [sys.executable, '-m', 'estimator_bf16', 'run', *options, program,
+         os.path.join(folder, 'model')], cwd=_REPO, env=env,
+        capture_output=True, text=True, timeout=300, check=False)
+
+  def test_run_prints_no_cpp_lines_and_each_log_line_once(self):
+    done = self._run()
+    self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+    self.assertEqual(_noise(done.stderr), [])
+    self.assertEqual(done.stderr.count('the program trained'), 1,
+                     done.stderr)
+
+  def test_verbose_keeps_tensorflows_own_lines(self):
+    done = self._run('--verbose')
+    self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+    self.assertNotEmpty(_noise(done.stderr), done.stderr[:3000])
+
+
+if __name__ == '__main__':
+  tf.test.main()
