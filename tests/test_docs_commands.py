@@ -1,0 +1,110 @@
+"""Every shell block of the README and docs/ runs as written.
+
+A newcomer copies the commands of the README and of docs/ into a shell in a
+fresh clone after `make demo`. Each ```sh block is run here the same way:
+with bash, from a folder that holds the repository's files (links to them)
+and a `runs/` of its own, so the commands' relative paths (`.venv/bin/python`,
+`models/`, `runs/...`) resolve as they do for that user. Blocks that cannot
+run here are listed in `_NOT_RUN` with the reason and where they are tested
+instead; transcripts and synopses are fenced `console` / `text` instead.
+"""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+from absl.testing import parameterized
+import pytest
+import tensorflow as tf
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DOCS = ['README.md', 'models/README.md'] + sorted(
+    os.path.relpath(p, _REPO) for p in glob.glob(os.path.join(_REPO, 'docs',
+                                                              '*.md')))
+_BLOCK = re.compile(r'^```sh\n(.*?)^```', re.S | re.M)
+# (document, the block's first word(s)): why it is not run here.
+_NOT_RUN = {
+    ('README.md', 'make demo'):
+        'the README\'s two commands: CI runs `make test`, and '
+        'tests/test_demo.py the demo program',
+    ('docs/benchmarks.md', '.venv/bin/python scripts/benchmark.py'):
+        '15 minutes to hours of benchmarking; tests/test_benchmark.py runs '
+        'the same code at small sizes',
+    ('docs/development.md', '.venv/bin/python -m pytest'):
+        'subsets of the suite that `make test` runs',
+    ('docs/compat.md', 'scripts/test_matrix.sh'):
+        'the suite itself: `make test` runs it',
+    ('docs/tpu.md', 'gcloud'):
+        'needs a Google Cloud project; tests/test_tpu_submit.py runs '
+        'tpu-submit against a stand-in gcloud',
+    ('docs/tpu.md', 'tpu-submit vertex'):
+        'needs a Google Cloud project; tests/test_tpu_submit.py runs '
+        'tpu-submit against a stand-in gcloud',
+}
+# What a fresh clone holds that the commands read (the venv `make demo`
+# made, the programs, the package).
+_LINKED = ('.venv', 'estimator_bf16', 'models', 'tests', 'scripts',
+           'benchmarks', 'setup.py')
+
+
+def _blocks():
+  """(document, line, block text) of every ```sh block."""
+  found = []
+  for doc in _DOCS:
+    with open(os.path.join(_REPO, doc)) as f:
+      text = f.read()
+    for match in _BLOCK.finditer(text):
+      line = text[:match.start()].count('\n') + 1
+      found.append((doc, line, match.group(1)))
+  return found
+
+
+def _reason_not_run(doc, block):
+  for (where, start), reason in _NOT_RUN.items():
+    if where == doc and block.lstrip().startswith(start):
+      return reason
+  return None
+
+
+_CASES = [dict(testcase_name='%s_%d' % (re.sub(r'\W', '_', doc), line),
+               doc=doc, block=block) for doc, line, block in _blocks()]
+
+
+@pytest.mark.slow
+class DocsCommandsTest(tf.test.TestCase, parameterized.TestCase):
+
+  def test_the_docs_have_shell_blocks(self):
+    self.assertGreaterEqual(len(_CASES), 8)
+    # Every exception still names a block that exists.
+    for doc, start in _NOT_RUN:
+      self.assertTrue(any(d == doc and b.lstrip().startswith(start)
+                          for d, _, b in _blocks()), (doc, start))
+
+  @parameterized.named_parameters(*_CASES)
+  def test_block_runs_as_written(self, doc, block):
+    reason = _reason_not_run(doc, block)
+    if reason:
+      self.skipTest(reason)
+    if not os.path.exists(os.path.join(_REPO, '.venv', 'bin', 'python')):
+      self.skipTest('no .venv: the documented commands need `make demo` '
+                    'first')
+    if os.path.realpath(sys.prefix) != os.path.realpath(
+        os.path.join(_REPO, '.venv')):
+      self.skipTest('the documented commands name .venv (TensorFlow 2.15); '
+                    'run in that suite')
+    home = self.create_tempdir().full_path
+    for name in _LINKED:
+      os.symlink(os.path.join(_REPO, name), os.path.join(home, name))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('PYTHONPATH', 'TF_CPP_MIN_LOG_LEVEL')}
+    done = subprocess.run(['bash', '-euo', 'pipefail', '-c', block],
+                          cwd=home, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)
+    self.assertEqual(done.returncode, 0, '%s\n--- stderr:\n%s' % (
+        block, done.stderr[-4000:]))
+
+
+if __name__ == '__main__':
+  tf.test.main()
