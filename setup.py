@@ -28,6 +28,7 @@ setuptools.setup(
         'tf-slim>=1.1,<2',
         'absl-py>=1.0',
         'six>=1.15',
+        'tqdm>=4.60',  # progress bars of the training commands
     ],
     extras_require={
         'demo': ['scikit-learn>=1.3', 'matplotlib>=3.7'],

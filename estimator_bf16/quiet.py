@@ -69,20 +69,31 @@ def quiet_commands(argv=None, environ=None):
 
 
 @contextlib.contextmanager
-def tensorflow_logs_once():
+def tensorflow_logs_once(hide_info=False):
   """Inside, each TensorFlow Python log line is printed once, not twice.
 
   TensorFlow gives its 'tensorflow' logger a handler of its own when it is
   imported before any root handler exists; absl's `app.run` then adds one to
   the root logger, and every record is printed by both. While this is
   active the 'tensorflow' logger does not pass records on to the root
-  logger when it has a handler of its own; `propagate` is put back on exit.
+  logger when it has a handler of its own.
+
+  Args:
+    hide_info: also hide TensorFlow's INFO lines (configuration dumps,
+      step counters), for a command of ours that reports progress itself;
+      its warnings and errors still show.
+
+  Yields:
+    None; the logger's `propagate` and level are put back on exit.
   """
   logger = logging.getLogger('tensorflow')
-  previous = logger.propagate
+  previous = logger.propagate, logger.level
   if logger.handlers:
     logger.propagate = False
+  if hide_info:
+    logger.setLevel(logging.WARNING)
   try:
     yield
   finally:
-    logger.propagate = previous
+    logger.propagate = previous[0]
+    logger.setLevel(previous[1])

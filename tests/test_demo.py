@@ -61,6 +61,22 @@ class ReportTest(tf.test.TestCase):
     self.assertTrue(
         by_label['peak training-step memory (MiB)'].endswith('n/a'))
 
+  def test_speed_spread_pairs_windows_and_names_noise(self):
+    def rows(base, other):
+      return {'float32': {'window_rates': base},
+              'bfloat16': {'window_rates': other}}
+    clear = precision_comparison.speed_spread(
+        rows([100.0] * 5, [150.0, 140.0, 160.0, 150.0, 145.0]))
+    self.assertEqual(clear, 'examples/sec bfloat16/float32 over 5 paired '
+                     'timing windows: median 1.50x, interquartile range '
+                     '1.45x-1.50x.')
+    noisy = precision_comparison.speed_spread(
+        rows([100.0] * 4, [90.0, 105.0, 98.0, 120.0, 300.0]))
+    self.assertIn('over 4 paired timing windows', noisy)
+    self.assertIn('(within noise: the range includes 1.00x)', noisy)
+    self.assertIn('too few for a spread',
+                  precision_comparison.speed_spread(rows([1.0], [2.0, 3.0])))
+
   def test_read_scalars_reads_v2_summaries(self):
     model_dir = self.create_tempdir().full_path
     with tf.Graph().as_default():

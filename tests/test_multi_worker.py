@@ -11,6 +11,7 @@ checkpoint to the final step.
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -244,10 +245,11 @@ class MultiWorkerTest(tf.test.TestCase):
     process = _launch(command)
     output, _ = process.communicate(timeout=600)
     self.assertEqual(0, process.returncode, output[-3000:])
-    restored = 'Restoring parameters from %s' % os.path.join(
-        model_dir, 'model.ckpt-%d' % saved)
-    self.assertIn('[chief:0] INFO:tensorflow:' + restored, output)
-    self.assertIn('[worker:0] INFO:tensorflow:' + restored, output)
+    # Both tasks start from the saved step (estimator_bf16.progress reads
+    # the global step once the session has restored it).
+    for task in ('chief:0', 'worker:0'):
+      self.assertRegex(output, r'\[%s\] .*\] resuming at step %d of 600' % (
+          task, saved))
     self.assertEqual(600, _step(model_dir))
     self.assertEqual(600, _chief_result(output)['eval']['global_step'])
 
@@ -303,9 +305,11 @@ class MultiWorkerTest(tf.test.TestCase):
                        extra=['--save_checkpoints_steps=100000'])
     process = _launch(command, grace_secs=30)
     with _drained(process) as lines:
+      # The chief's progress lines (estimator_bf16.progress).
       _wait_until(
-          lambda: any('step = 200' in line for line in list(lines)), lines,
-          process)
+          lambda: any(int(m.group(1)) >= 200 for line in list(lines)
+                      for m in [re.search(r'\] step (\d+)/', line)] if m),
+          lines, process)
       process.send_signal(signal.SIGTERM)
       process.wait(timeout=120)
     output = ''.join(lines)

@@ -35,7 +35,7 @@ _TIMEOUT_SECONDS = 240
 _PREEMPTED_STATUS = 128 + signal.SIGTERM
 
 _RESTORED_RE = re.compile(r'Restoring parameters from \S*model\.ckpt-(\d+)')
-_STEP_RE = re.compile(r'\] step (\d+): ')  # ThroughputHook, read before
+_STEP_RE = re.compile(r'\] step (\d+)/')  # ProgressHook, read before
 _SAVING_RE = re.compile(r'Saving checkpoints for (\d+) into')
 _STOPPED_RE = re.compile(r'Stopping at global step (\d+) on SIG(?:TERM|INT)')
 
@@ -87,7 +87,7 @@ class _Run(object):
     self._log_path = log_path
     self._offset = 0
     self._text = ''
-    self.last_step = None  # ThroughputHook's latest 'step N'
+    self.last_step = None  # ProgressHook's latest 'step N/total'
     self.saves = []  # 'Saving checkpoints for N', in order
     self.restored = None  # the step of 'Restoring parameters from'
     self.stopped = None  # 'Stopping at global step N on SIGTERM'
@@ -96,7 +96,8 @@ class _Run(object):
         '--precision=bfloat16', '--model_dir=' + model_dir,
         '--train_steps=%d' % _STEPS, '--train_batch_size=8',
         '--save_checkpoints_steps=%d' % _INTERVAL, '--keep_checkpoint_max=3',
-        '--eval_steps=1', '--export=false', '--log_every_steps=1']
+        '--eval_steps=1', '--export=false', '--log_every_steps=1',
+        '--verbose']  # TensorFlow's own lines name restores and saves
     self._log = open(log_path, 'w')
     self.process = subprocess.Popen(command, cwd=_REPO, env=env,
                                     stdout=subprocess.DEVNULL,
@@ -154,7 +155,7 @@ class _Run(object):
     """Steps completed when the process ended, from its log."""
     done = [0]
     if self.last_step is not None:
-      done.append(self.last_step + 1)  # logged: the step before the update
+      done.append(self.last_step)  # logged: the steps done
     if self.saves:
       done.append(max(self.saves))  # a save starts once its step is done
     return max(done)

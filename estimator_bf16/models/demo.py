@@ -76,7 +76,13 @@ def train_both(out_dir, model='mnist_mlp', train_steps=300,
         model=model, model_dir=model_dir, precision=precision,
         train_steps=train_steps, train_batch_size=train_batch_size,
         export=export)
+    # Progress: a bar on a terminal (training.run's ProgressHook), and
+    # these lines either way.
+    print('%s: training %d steps of batch %d ...' % (
+        precision, train_steps, train_batch_size), flush=True)
     results[precision] = training.run(options, hooks=[memory])
+    print('%s: done, eval accuracy %.4f' % (
+        precision, results[precision]['eval']['accuracy']), flush=True)
     peak = int(np.median(list(memory.per_step.values()) or [0]))
     results[precision]['peak_bytes'] = peak
     curves[precision] = precision_comparison.read_scalars(model_dir)
@@ -98,7 +104,9 @@ def main(argv):
   rows, curves, results = train_both(
       f.out_dir, model=f.model, train_steps=steps,
       train_batch_size=f.train_batch_size, export=not f.quick)
-  table = precision_comparison.comparison_table(rows) + '\n\n' + precision_comparison.cpu_bfloat16_note()
+  table = '\n\n'.join([precision_comparison.comparison_table(rows),
+                       precision_comparison.speed_spread(rows),
+                       precision_comparison.cpu_bfloat16_note()])
   title = '%s on the digits, %d steps of batch %d' % (
       f.model, steps, f.train_batch_size)
   precision_comparison.plot_loss_curves(curves, os.path.join(f.out_dir, 'loss_curves.png'),

@@ -61,7 +61,8 @@ def summary_row(result, loss_values, peak_bytes):
 
   Returns:
     dict with 'accuracy', 'eval_loss', 'final_train_loss',
-    'examples_per_sec', 'peak_mib' (None where not measured).
+    'examples_per_sec', 'peak_mib' (None where not measured) and
+    'window_rates' (examples/sec of each timing window).
   """
   tail = max(1, len(loss_values) // 10)
   return {
@@ -71,7 +72,43 @@ def summary_row(result, loss_values, peak_bytes):
                            if len(loss_values) else None),
       'examples_per_sec': result['examples_per_sec'],
       'peak_mib': peak_bytes / 2.0**20 if peak_bytes else None,
+      'window_rates': list(result.get('window_rates') or []),
   }
+
+
+# Fewer paired windows than this give no spread worth printing.
+_MIN_WINDOWS = 3
+
+
+def speed_spread(rows, base='float32', other='bfloat16'):
+  """One line on how steady the speed ratio is, window by window.
+
+  The two precisions train one after the other, so their timing windows
+  are paired in order (window i of one with window i of the other) and the
+  ratio of each pair taken; the line gives their median and interquartile
+  range, and says when that range includes 1.00x (no speed difference
+  beyond the machine's noise).
+
+  Args:
+    rows: dict {precision: `summary_row` dict}.
+    base, other: the denominator and numerator precisions.
+
+  Returns:
+    str.
+  """
+  a, b = rows[base]['window_rates'], rows[other]['window_rates']
+  count = min(len(a), len(b))
+  if count < _MIN_WINDOWS:
+    return ('examples/sec ratio: %d timing window(s), too few for a spread.'
+            % count)
+  ratios = np.array(b[:count]) / np.array(a[:count])
+  low, median, high = np.percentile(ratios, [25, 50, 75])
+  line = ('examples/sec %s/%s over %d paired timing windows: median %.2fx, '
+          'interquartile range %.2fx-%.2fx' % (other, base, count, median,
+                                              low, high))
+  if low <= 1.0 <= high:
+    line += ' (within noise: the range includes 1.00x)'
+  return line + '.'
 
 
 def _cell(fmt, value):

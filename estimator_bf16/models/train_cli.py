@@ -116,7 +116,9 @@ def define_flags(flag_values=flags.FLAGS):
   integer('seq_length', 'BERT sequence length.')
   integer('vocab_size', 'BERT vocabulary size.')
   integer('seed', 'Seed of initialisation and data order.', lower_bound=0)
-  integer('log_every_steps', 'Log the step and examples/sec this often.')
+  integer('log_every_steps', 'Off a terminal, log the step of total, loss, '
+          'examples/sec and time left at multiples of this (and at the '
+          'first and last step); on a terminal a progress bar shows them.')
   boolean('export', 'Export a float32 SavedModel.')
   boolean('numeric_guard', 'Stop with the step and tensor named when the '
           'loss or a gradient is NaN/Inf, before that update is applied '
@@ -144,7 +146,7 @@ def main(argv):
     raise app.UsageError('Unexpected arguments: %s' % ' '.join(argv[1:]))
   try:
     # Checks every option before TensorFlow builds anything.
-    with quiet.tensorflow_logs_once():
+    with quiet.tensorflow_logs_once(hide_info=not flags.FLAGS.verbose):
       result = training.run(training.prepare(options_from_flags()))
   except KeyboardInterrupt:
     # Ctrl-C outside training, or a second one: stopped at once.

@@ -29,6 +29,7 @@ from estimator_bf16.models import registry
 from estimator_bf16.models import resnet
 from estimator_bf16 import optimizers
 from estimator_bf16 import preemption
+from estimator_bf16 import progress
 from estimator_bf16 import strategies
 
 _MAX_SEQ_LENGTH = 512  # BERT's position table
@@ -292,7 +293,7 @@ def prepare(options):
 
 
 class ThroughputHook(tf.compat.v1.train.SessionRunHook):
-  """Logs the step and examples/sec, and keeps the steady-state rate.
+  """Measures the steady-state examples/sec (progress.ProgressHook shows it).
 
   It fetches the global step with each `run` call, so it counts correctly on
   a TPU too, where one call runs `iterations_per_loop` steps.
@@ -301,19 +302,22 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
     examples_per_sec: float, over the calls after the first `warmup_calls`
       (graph optimisation and memory tracing happen there); None until
       measured.
+    window_rates: examples/sec of each run of `window_steps` steps after
+      the warm-up, in order: the spread of the rate (a single figure on a
+      shared machine can be off by a third).
   """
 
-  def __init__(self, batch_size, log_every_steps=100, warmup_calls=5):
+  def __init__(self, batch_size, warmup_calls=5, window_steps=25):
     self._batch_size = batch_size
-    self._log_every = log_every_steps
     self._warmup_calls = warmup_calls
+    self._window_steps = window_steps
     self.examples_per_sec = None
+    self.window_rates = []
 
   def begin(self):
     self._global_step = tf.compat.v1.train.get_global_step()
     self._calls = 0
     self._start = None  # (step, time) once warmed up
-    self._last_log = None
 
   def before_run(self, run_context):
     # Read alongside the train op: it may see the step before or after the
@@ -325,15 +329,14 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
     step = int(run_values.results)
     self._calls += 1
     if self._calls == self._warmup_calls:
-      self._start = self._last_log = (step, now)
+      self._start = self._window = (step, now)
     elif self._start and step > self._start[0]:
       self.examples_per_sec = (self._batch_size * (step - self._start[0]) /
                                (now - self._start[1]))
-      if step - self._last_log[0] >= self._log_every:
-        rate = (self._batch_size * (step - self._last_log[0]) /
-                (now - self._last_log[1]))
-        logging.info('step %d: %.1f examples/sec', step, rate)
-        self._last_log = (step, now)
+      if step - self._window[0] >= self._window_steps:
+        self.window_rates.append(self._batch_size * (step - self._window[0]) /
+                                 (now - self._window[1]))
+        self._window = (step, now)
 
 
 def _as_python(metrics):
@@ -397,6 +400,7 @@ def run(options, hooks=()):
   Returns:
     dict with 'options' (the resolved options as a dict), 'train_seconds',
     'examples_per_sec' (steady state; None if training was already done),
+    'window_rates' (examples/sec of each 25-step window after the warm-up),
     'eval' (the Estimator's eval results, Python numbers), 'export_dir'
     (str, or None without `options.export`), 'preempted' (bool),
     'stopped_by' (the signal's name, e.g. 'SIGINT', or None),
@@ -454,12 +458,13 @@ def run(options, hooks=()):
       keep_checkpoint_max=options.keep_checkpoint_max,
       log_step_count_steps=options.log_every_steps,
       tf_random_seed=options.seed, distribute=strategy)
-  throughput = ThroughputHook(options.train_batch_size,
-                              options.log_every_steps)
+  throughput = ThroughputHook(options.train_batch_size)
   stopper = preemption.stop_on_signals(steps_per_run)
+  shown = progress.ProgressHook(options.train_steps, options.train_batch_size,
+                                options.log_every_steps, steps_per_run)
   # The match check goes first: its `begin` fails before other hooks write.
-  train_hooks = [checkpoint_match.CheckpointMatchHook(options.model_dir), throughput,
-                 stopper.hook]
+  train_hooks = [checkpoint_match.CheckpointMatchHook(options.model_dir),
+                 throughput, shown, stopper.hook]
   stats = None
   if options.activation_stats_steps:
     stats = activation_stats.ActivationStatsHook(
@@ -485,6 +490,7 @@ def run(options, hooks=()):
       'options': dataclasses.asdict(options),
       'train_seconds': train_seconds,
       'examples_per_sec': throughput.examples_per_sec,
+      'window_rates': throughput.window_rates,
       'eval': None,
       'export_dir': None,
       'preempted': stopper.requested,
@@ -550,7 +556,8 @@ def _evaluate_checkpoints(options, model):
       log_step_count_steps=options.log_every_steps,
       tf_random_seed=options.seed)
   result = {'options': dataclasses.asdict(options), 'train_seconds': 0.0,
-            'examples_per_sec': None, 'eval': None, 'export_dir': None,
+            'examples_per_sec': None, 'window_rates': [], 'eval': None,
+            'export_dir': None,
             'preempted': False, 'stopped_by': None, 'global_step': None,
             'activation_stats': None, 'skipped_files': None,
             'evaluated_steps': []}
