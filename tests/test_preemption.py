@@ -173,14 +173,19 @@ def _temp_dir_step(model_dir):
   return max(steps) if steps else None
 
 
+def _run_folder(test):
+  """(a fresh folder, its model_dir, the CLI's environment)."""
+  root = test.create_tempdir().full_path
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='1',
+             ESTIMATOR_BF16_CACHE=os.path.join(root, 'cache'))
+  return root, os.path.join(root, 'model'), env
+
+
 @pytest.mark.slow
 class KillAndResumeTest(tf.test.TestCase):
 
   def test_survives_kills_and_sigterm_and_finishes(self):
-    root = self.create_tempdir().full_path
-    model_dir = os.path.join(root, 'model')
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='1',
-               ESTIMATOR_BF16_CACHE=os.path.join(root, 'cache'))
+    root, model_dir, env = _run_folder(self)
     rng = random.Random(_SEED)
     runs = []
     resume_from = [None]  # newest whole checkpoint after the last stop
@@ -278,10 +283,7 @@ class KillAndResumeTest(tf.test.TestCase):
 class CtrlCTest(tf.test.TestCase):
 
   def test_ctrl_c_saves_the_step_reached_and_exits_130(self):
-    root = self.create_tempdir().full_path
-    model_dir = os.path.join(root, 'model')
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='1',
-               ESTIMATOR_BF16_CACHE=os.path.join(root, 'cache'))
+    root, model_dir, env = _run_folder(self)
     run = _Run(model_dir, os.path.join(root, 'run.log'), env)
     # Past the first periodic checkpoint, and not on another one.
     run.wait_for(lambda: (run.last_step or 0) >= _INTERVAL + 3,
