@@ -26,7 +26,7 @@ _NOT_COPIED = shutil.ignore_patterns('.git', '.venv*', 'runs', 'build',
 # is an absl program, and absl's --help exits with status 1.
 _CONSOLE_SCRIPTS = {
     'estimator-bf16': ('{run,check}', 0),
-    'estimator-bf16-train': ('--model', 1),
+    'estimator-bf16-train': ('--model', 0),
     'tpu-submit': ('tpu-vm', 0),
 }
 

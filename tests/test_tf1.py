@@ -293,11 +293,12 @@ class Tf1RunTest(tf.test.TestCase, parameterized.TestCase):
         with open(sys.argv[1], 'w') as f:
           json.dump({'value': float(value), 'dim': x.shape[1].value}, f)
         ''')
+    eager = tf.executing_eagerly()  # other tests may have turned it off
     result, _ = self._run_quietly(program, [out])
     self.assertEqual(result.exit_code, 0, result.error)
     with open(out) as f:
       self.assertEqual(json.load(f), {'value': 12.0, 'dim': 3})
-    self.assertTrue(tf.executing_eagerly())
+    self.assertEqual(tf.executing_eagerly(), eager)
 
   def test_bad_tf1_path_is_refused_before_anything_runs(self):
     folder = self.create_tempdir().full_path
@@ -410,10 +411,15 @@ class ContribTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_batch_and_drop_remainder(self):
     contrib = contrib_lib.contrib()
-    dataset = tf.data.Dataset.range(5).apply(
-        contrib.data.batch_and_drop_remainder(2))
-    self.assertEqual([b.tolist() for b in dataset.as_numpy_iterator()],
-                     [[0, 1], [2, 3]])
+    with tf.Graph().as_default():
+      dataset = tf.data.Dataset.range(5).apply(
+          contrib.data.batch_and_drop_remainder(2))
+      batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+      with tf.compat.v1.Session() as sess:
+        batches = [sess.run(batch).tolist() for _ in range(2)]
+        with self.assertRaises(tf.errors.OutOfRangeError):
+          sess.run(batch)
+    self.assertEqual(batches, [[0, 1], [2, 3]])
 
   def test_summary_scalar_takes_family_and_the_global_step(self):
     logdir = self.get_temp_dir()
