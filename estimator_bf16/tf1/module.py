@@ -9,7 +9,7 @@ Anything `tf.compat.v1` lacks falls through to the real module.
 TF 1.x shapes: `tensor.shape[-1]` was a `Dimension` (`.value`), where TF 2
 gives an int. TensorFlow decides this per process
 (`disable_v2_tensorshape`), which would change it for tf-slim, this package
-and every library too. `v1_shapes_for(is_tf1_frame)` decides it per caller
+and every library too. `v1_shapes_for(builtins)` decides it per caller
 instead: `TensorShape._v2_behavior`, the one property its indexing,
 iteration and printing consult, answers False only when the code that
 indexed the shape runs in a TF 1.x module.
