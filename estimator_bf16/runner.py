@@ -476,6 +476,11 @@ def _compat_backend():
       eb.compat.uninstall()
 
 
+def _folder_prefixes(folders):
+  """Real paths of `folders` ending in a separator, for startswith tests."""
+  return tuple(os.path.realpath(f) + os.sep for f in folders)
+
+
 @contextlib.contextmanager
 def _forget_program_state(folders, result):
   """Drops the absl flags and the modules of the program's folders afterwards.
@@ -484,7 +489,7 @@ def _forget_program_state(folders, result):
   (tests, notebooks) import its sibling modules and define its flags again,
   as a fresh `python PROGRAM.py` would.
   """
-  folders = tuple(os.path.realpath(f) + os.sep for f in folders)
+  prefixes = _folder_prefixes(folders)
   flags_before, modules_before = set(flags.FLAGS), set(sys.modules)
   try:
     yield
@@ -494,18 +499,18 @@ def _forget_program_state(folders, result):
       delattr(flags.FLAGS, name)
     for name in set(sys.modules) - modules_before:
       path = getattr(sys.modules[name], '__file__', None) or ''
-      if os.path.realpath(path).startswith(folders):
+      if os.path.realpath(path).startswith(prefixes):
         del sys.modules[name]
 
 
 def _failure_reason(error, folders):
   """'Type: first line of the message (at file:line)', the line the
   innermost frame of the program's own code was at."""
-  folders = tuple(os.path.realpath(f) + os.sep for f in folders)
+  prefixes = _folder_prefixes(folders)
   where = None
   for frame, lineno in traceback.walk_tb(error.__traceback__):
     path = frame.f_code.co_filename
-    if os.path.realpath(path).startswith(folders):
+    if os.path.realpath(path).startswith(prefixes):
       where = '%s:%d' % (path, lineno)
   lines = str(error).strip().splitlines()
   return '%s%s%s' % (type(error).__name__, ': ' + lines[0] if lines else '',
