@@ -17,6 +17,8 @@ import importlib.metadata
 import os
 import sys
 
+from estimator_bf16 import quiet
+
 _PRECISIONS = ('bfloat16', 'float32')  # eb.PRECISIONS, without importing TF.
 _AUDIT = ('strict', 'warn', 'off')
 EXIT_USAGE = 2
@@ -59,7 +61,7 @@ def build_parser():
                          'imports (its own folder always counts); repeatable')
     # Read before TensorFlow loads (estimator_bf16.quiet).
     command.add_argument('--verbose', action='store_true',
-                         help="show TensorFlow's own C++ log lines")
+                         help=quiet.VERBOSE_HELP)
     if name == 'run':
       command.add_argument('--memory', action='store_true',
                            help='measure the peak memory of a training step')
@@ -133,9 +135,6 @@ def main(argv=None):
     return _error('%s: no such file (give the Python program to run).' %
                   args.program)
   exclude = tuple(key for key in args.exclude.split(',') if key)
-  for folder in args.tf1_path:
-    if not os.path.isdir(folder):
-      return _error('--tf1_path %s: no such folder.' % folder)
   _set_environment(args)
 
   # pylint: disable=g-import-not-at-top
