@@ -18,11 +18,13 @@ import types
 import tensorflow as tf
 
 from estimator_bf16 import _tf_check
+from estimator_bf16 import accumulation
 from estimator_bf16 import compat
 from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.compat import tpu_estimator as compat_tpu
 from estimator_bf16 import cpu
 from estimator_bf16 import guards
+from estimator_bf16 import levers
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import wrappers
 
@@ -137,7 +139,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
                        log_step_count_steps=100, tf_random_seed=None,
                        audit='strict', exclude=(), session_config=None,
                        eval_on_tpu=True, backend='auto',
-                       numeric_guard=False, distribute=None):
+                       numeric_guard=False, distribute=None,
+                       gradient_accumulation_steps=1, recompute=False):
   """Builds a `TPUEstimator` that runs `model_fn` in `precision`.
 
   Args:
@@ -183,6 +186,15 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       MirroredStrategy too (eval batch per replica likewise); with a
       multi-worker strategy it runs on one device. Predict and export run
       on one device. Uses the compat backend on every TensorFlow version.
+    gradient_accumulation_steps: K >= 1. Each optimizer update applies the
+      mean gradient of K micro-batches of `train_batch_size / K`, which is
+      what input_fn and model_fn see (per core or replica, as
+      `params['batch_size']`); `train_batch_size` stays the effective
+      batch, and `global_step`, `max_steps` and schedules count updates.
+      Needs `use_tpu=False` (see `levers.TPU_ACCUMULATION_MESSAGE`).
+    recompute: recompute activations during backprop, segment by segment,
+      instead of keeping them (`estimator_bf16.recompute`): a lower peak
+      for about one more forward pass.
 
   Returns:
     A `tf.compat.v1.estimator.tpu.TPUEstimator`, or an
@@ -193,9 +205,12 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       missing `tpu` with `use_tpu`, batches not divisible by the replicas,
       an unknown backend, or `use_tpu` with the compat backend (TPUs run
       TensorFlow 2.15), a strategy with `use_tpu` or with
-      `backend='tf_estimator'`, or batches not divisible by its replicas.
+      `backend='tf_estimator'`, or batches not divisible by its replicas;
+      a bad K or recompute, K > 1 with `use_tpu`, or a `train_batch_size`
+      not divisible by K x replicas.
   """
   precision_lib.check_precision(precision)
+  levers.check_levers(gradient_accumulation_steps, recompute)
   distribute = compat_distribute.check_strategy(distribute, 'distribute')
   if distribute is not None and use_tpu:
     raise ValueError('distribute=... is for CPUs and GPUs; a TPU runs data '
@@ -235,6 +250,15 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       eval_distribute = distribute
       compat_distribute.per_replica_batch(eval_batch_size, distribute,
                                           'eval_batch_size')
+  micro_batch = train_batch_size
+  if gradient_accumulation_steps > 1:
+    if use_tpu:
+      raise ValueError(levers.TPU_ACCUMULATION_MESSAGE %
+                       gradient_accumulation_steps)
+    replicas = 1 if distribute is None else distribute.num_replicas_in_sync
+    micro_batch = accumulation.micro_batch_size(
+        train_batch_size, gradient_accumulation_steps, replicas,
+        'replicas of the strategy')
   if use_tpu and backend == _tf_check.COMPAT_BACKEND:
     # After the argument checks (they hold whatever runs the job), before
     # any TPU resolver is built: fail with the way out.
@@ -275,11 +299,13 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
   if numeric_guard:
     model_fn = guards.guard_model_fn(model_fn)
   estimator = tpu_lib.TPUEstimator(
-      model_fn=wrappers.wrap_model_fn(model_fn, precision, audit=audit,
-                                      exclude=exclude),
+      model_fn=wrappers.wrap_model_fn(
+          model_fn, precision, audit=audit, exclude=exclude,
+          gradient_accumulation_steps=gradient_accumulation_steps,
+          recompute=recompute),
       config=config,
       use_tpu=use_tpu,
-      train_batch_size=train_batch_size,
+      train_batch_size=micro_batch,
       eval_batch_size=eval_batch_size,
       predict_batch_size=predict_batch_size,
       params=params,

@@ -30,8 +30,8 @@ import threading
 from absl import logging
 import tensorflow as tf
 
+from estimator_bf16 import model_fn_args
 from estimator_bf16 import patching
-from estimator_bf16 import wrappers
 
 _MARKER = 'numeric guard:'
 _MESSAGE_RE = re.compile(
@@ -333,12 +333,12 @@ def guard_model_fn(model_fn):
   Raises:
     ValueError: a model_fn signature an Estimator cannot call.
   """
-  accepted = wrappers.model_fn_arg_names(model_fn)
+  accepted = model_fn_args.model_fn_arg_names(model_fn)
 
   @functools.wraps(model_fn)
   def guarded_model_fn(features, labels=None, mode=None, params=None,
                        config=None):
-    kwargs = wrappers.model_fn_kwargs(accepted, labels, mode, params, config)
+    kwargs = model_fn_args.model_fn_kwargs(accepted, labels, mode, params, config)
     if mode != _TRAIN:
       return model_fn(features=features, **kwargs)
     if (params or {}).get('use_tpu'):

@@ -1,7 +1,6 @@
 """Wrappers that put an unmodified model_fn / input_fn / network in bfloat16."""
 
 import functools
-import inspect
 
 from absl import logging
 import tensorflow as tf
@@ -11,11 +10,12 @@ from estimator_bf16 import autocasting
 from estimator_bf16 import casting
 from estimator_bf16 import float32_spec
 from estimator_bf16 import layer_repairs
+from estimator_bf16 import levers
+from estimator_bf16 import model_fn_args
 from estimator_bf16 import precision as precision_lib
 from estimator_bf16 import scope as scope_lib
 
 AUDIT_MODES = ('strict', 'warn', 'off')
-_MODEL_FN_ARGS = ('features', 'labels', 'mode', 'params', 'config')
 
 
 def _check_audit(audit):
@@ -25,60 +25,8 @@ def _check_audit(audit):
   return audit
 
 
-def _signature(fn, what):
-  if not callable(fn):
-    raise TypeError('%s must be callable, got %r.' % (what, fn))
-  try:
-    return inspect.signature(fn)
-  except (TypeError, ValueError) as e:
-    raise TypeError('Cannot read the signature of %s %r: %s' % (what, fn, e))
-
-
-def model_fn_arg_names(model_fn):
-  """Returns the Estimator arguments model_fn takes; raises if unsupported."""
-  signature = _signature(model_fn, 'model_fn')
-  names = []
-  for param in signature.parameters.values():
-    if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-      continue
-    if param.name in _MODEL_FN_ARGS:
-      names.append(param.name)
-    elif param.default is param.empty:
-      raise ValueError(
-          'model_fn %r has the argument %r, which an Estimator cannot pass. '
-          'A model_fn takes (features, labels, mode, params, config), any '
-          'subset containing features; give %r a default or bind it with '
-          'functools.partial.' % (getattr(model_fn, '__name__', model_fn),
-                                  param.name, param.name))
-  if 'features' not in names:
-    raise ValueError('model_fn %r must take a `features` argument; its '
-                     'signature is %s.' % (
-                         getattr(model_fn, '__name__', model_fn), signature))
-  return tuple(names)
-
-
-def model_fn_kwargs(accepted, labels, mode, params, config):
-  """The keyword arguments (besides features) a model_fn taking `accepted` gets.
-
-  Args:
-    accepted: the argument names from `model_fn_arg_names(model_fn)`.
-    labels, mode, params, config: what the Estimator passed.
-
-  Returns:
-    A dict with only the arguments the model_fn takes.
-
-  Raises:
-    ValueError: labels were given to a model_fn without a labels argument.
-  """
-  if labels is not None and 'labels' not in accepted:
-    raise ValueError('model_fn does not take labels, but the input_fn '
-                     'returned labels.')
-  kwargs = {'labels': labels, 'mode': mode, 'params': params,
-            'config': config}
-  return {k: v for k, v in kwargs.items() if k in accepted}
-
-
-def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
+def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
+                  gradient_accumulation_steps=1, recompute=False):
   """Wraps a legacy model_fn so it computes in `precision`.
 
   Under `'bfloat16'`, the returned model_fn casts floating features to
@@ -101,18 +49,28 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
       less than `audit.MIN_BFLOAT16_SHARE` of matmul/conv FLOPs in bfloat16);
       `'warn'` logs it; `'off'` skips the audit.
     exclude: feature keys that stay as they are (see `cast_features`).
+    gradient_accumulation_steps: int >= 1; each update applies the mean
+      gradient of this many micro-batches (`levers.levers_model_fn`). The
+      input_fn's batch is the micro-batch here; `make_tpu_estimator`
+      divides `train_batch_size` for you.
+    recompute: recompute activations during backprop instead of keeping
+      them (`estimator_bf16.recompute`).
 
   Returns:
     A model_fn `(features, labels, mode, params, config)`. For `'float32'`
-    this is `model_fn` itself: nothing changes.
+    without levers this is `model_fn` itself: nothing changes.
 
   Raises:
-    ValueError: bad `precision` or `audit`, or a model_fn signature an
-      Estimator cannot call.
+    ValueError: bad `precision`, `audit` or levers, or a model_fn
+      signature an Estimator cannot call.
   """
   precision_lib.check_precision(precision)
   _check_audit(audit)
-  accepted = model_fn_arg_names(model_fn)
+  # Inside the precision: the levers' gradients are those of the bfloat16
+  # network, and the audit sees the graph they leave.
+  model_fn = levers.levers_model_fn(model_fn, gradient_accumulation_steps,
+                                    recompute)
+  accepted = model_fn_args.model_fn_arg_names(model_fn)
   # tf_slim.batch_norm is broken on TensorFlow 2.15+ (see layer_repairs):
   # repaired here, before either precision returns, so the float32 and the
   # bfloat16 build of a tf-slim model both work.
@@ -123,7 +81,7 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=()):
   @functools.wraps(model_fn)
   def bfloat16_model_fn(features, labels=None, mode=None, params=None,
                         config=None):
-    kwargs = model_fn_kwargs(accepted, labels, mode, params, config)
+    kwargs = model_fn_args.model_fn_kwargs(accepted, labels, mode, params, config)
     with autocasting.autocast(precision):
       features = casting.cast_features(features, precision, exclude)
       with scope_lib.bfloat16_scope(precision):
@@ -213,7 +171,7 @@ def wrap_input_fn(input_fn, precision, exclude=()):
       that is neither a Dataset nor tensors.
   """
   precision_lib.check_precision(precision)
-  signature = _signature(input_fn, 'input_fn')
+  signature = model_fn_args.signature(input_fn, 'input_fn')
   if precision == 'float32':
     return input_fn
 
@@ -246,7 +204,7 @@ def build_network(network_fn=None, precision='bfloat16', exclude=()):
   if network_fn is None:
     return functools.partial(build_network, precision=precision,
                              exclude=exclude)
-  _signature(network_fn, 'network_fn')
+  model_fn_args.signature(network_fn, 'network_fn')
 
   @functools.wraps(network_fn)
   def network_in_precision(*args, **kwargs):
