@@ -74,11 +74,12 @@ def micro_batch_size(train_batch_size, steps, replicas=1, split='replicas'):
   """
   check_steps(steps)
   if train_batch_size % (steps * replicas):
-    over = '' if replicas == 1 else ' x %d %s' % (replicas, split)
+    over = ('' if replicas == 1 else ' x %d %s = %d' % (
+        replicas, split, steps * replicas))
     raise ValueError(
         'train_batch_size=%d is not divisible by gradient_accumulation_steps'
-        '=%d%s = %d: an update is %d micro-batches of equal size%s.' % (
-            train_batch_size, steps, over, steps * replicas, steps,
+        '=%d%s: an update is %d micro-batches of equal size%s.' % (
+            train_batch_size, steps, over, steps,
             '' if replicas == 1 else ', each split evenly over the replicas'))
   return train_batch_size // steps
 

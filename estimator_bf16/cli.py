@@ -62,6 +62,14 @@ def build_parser():
     # Read before TensorFlow loads (estimator_bf16.quiet).
     command.add_argument('--verbose', action='store_true',
                          help=quiet.VERBOSE_HELP)
+    command.add_argument('--accumulate', type=int, default=1, metavar='K',
+                         help='gradient accumulation: each update applies '
+                         'the mean gradient of K micro-batches of '
+                         'train_batch_size / K (default 1: off)')
+    command.add_argument('--recompute', action='store_true',
+                         help='recompute activations during backprop instead '
+                         'of keeping them: a lower peak for about one more '
+                         'forward pass')
     if name == 'run':
       command.add_argument('--memory', action='store_true',
                            help='measure the peak memory of a training step')
@@ -131,6 +139,9 @@ def main(argv=None):
   if args.audit not in _AUDIT:
     return _error('--audit must be one of %s, got %r.' % (
         ', '.join(_AUDIT), args.audit))
+  if args.accumulate < 1:
+    return _error('--accumulate must be an integer >= 1 (micro-batches per '
+                  'update), got %d.' % args.accumulate)
   if not os.path.isfile(args.program):
     return _error('%s: no such file (give the Python program to run).' %
                   args.program)
@@ -148,6 +159,8 @@ def main(argv=None):
         audit=args.audit, exclude=exclude,
         memory=getattr(args, 'memory', False), check=check,
         tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
+        gradient_accumulation_steps=args.accumulate,
+        recompute=args.recompute,
         plan_fn=run_report.memory_plans if check else None)
   except runner.ProgramError as e:
     return _error(str(e))

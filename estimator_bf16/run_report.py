@@ -94,6 +94,22 @@ def _tf1_line(result):
                                   result.tf1_reason)
 
 
+def levers_line(result):
+  """One line naming the memory levers a run used."""
+  parts = []
+  steps = result.gradient_accumulation_steps
+  if steps > 1:
+    batches = ', '.join('train_batch_size %d = %d x %d' % (batch, steps, micro)
+                        for batch, micro in result.micro_batches)
+    if not batches and result.estimators:
+      batches = "an Estimator's input_fn batch is the micro-batch"
+    parts.append('gradient accumulation K=%d%s' % (
+        steps, ' (%s)' % batches if batches else ''))
+  if result.recompute:
+    parts.append('recompute on')
+  return 'memory levers: %s' % ('; '.join(parts) or 'none')
+
+
 def format_run_report(result):
   """The report `run` prints when the program ends.
 
@@ -104,7 +120,8 @@ def format_run_report(result):
     str, a few lines ending with a newline.
   """
   lines = ['', 'estimator_bf16 run: %s' % result.program,
-           'precision: %s' % result.precision, _tf1_line(result)]
+           'precision: %s' % result.precision, _tf1_line(result),
+           levers_line(result)]
   if result.estimators == 0:
     lines.append('the program built no Estimator or TPUEstimator, so '
                  'nothing ran in %s.' % result.precision)
@@ -160,7 +177,8 @@ def format_check_report(result):
     str, ending with a newline.
   """
   lines = ['', 'estimator_bf16 check: %s (TRAIN graph in %s)' % (
-      result.program, result.precision), _tf1_line(result)]
+      result.program, result.precision), _tf1_line(result),
+           levers_line(result)]
   if result.train_graph is None:
     if result.error is not None:
       lines.append('the program failed before its first train call (exit '

@@ -52,6 +52,8 @@ from absl import flags
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16 import accumulation
+from estimator_bf16 import levers as levers_lib
 from estimator_bf16 import peak_memory as memory_lib
 from estimator_bf16 import preemption
 from estimator_bf16 import quiet
@@ -136,6 +138,10 @@ class RunResult:
     tf1: whether the program ran with the TF 1.x API.
     tf1_reason: why: the first TF 1.x use found ('file:line: tf.flags'),
       the option that forced it, or what was read without finding one.
+    gradient_accumulation_steps: K, micro-batches per update.
+    recompute: whether activations were recomputed in backprop.
+    micro_batches: for each TPUEstimator with K > 1, (train_batch_size as
+      the program gave it, the micro-batch it trained at).
   """
   program: str
   precision: str
@@ -154,6 +160,9 @@ class RunResult:
   program_flags: frozenset = frozenset()
   tf1: bool = False
   tf1_reason: Optional[str] = None
+  gradient_accumulation_steps: int = 1
+  recompute: bool = False
+  micro_batches: list = dataclasses.field(default_factory=list)
 
   @property
   def problems(self):
@@ -195,6 +204,8 @@ class _Session(object):
   """The patches and bookkeeping of one program run."""
 
   def __init__(self, precision, audit, exclude, memory, check, result):
+    self.steps = result.gradient_accumulation_steps
+    self.recompute = result.recompute
     self.precision = precision
     self.audit = audit
     self.exclude = exclude
@@ -239,7 +250,9 @@ class _Session(object):
     # before it is printed with the plan.
     wrapped = eb.wrap_model_fn(remember_loss, self.precision,
                                audit='off' if self.check else self.audit,
-                               exclude=self.exclude)
+                               exclude=self.exclude,
+                               gradient_accumulation_steps=self.steps,
+                               recompute=self.recompute)
     accepted = set(inspect.signature(wrapped).parameters)
     session = self
 
@@ -315,6 +328,8 @@ class _Session(object):
               '--use_tpu=false to run on this CPU.' % (cluster.requested,))
       if session.check:
         _scratch_model_dir(arguments, session.scratch_dir())
+      if tpu and session.steps > 1:
+        session.micro_batch(arguments)
       if arguments.get('model_fn') is not None:
         arguments['model_fn'] = session.wrap_model_fn(arguments['model_fn'])
       if session.precision != 'float32':
@@ -330,6 +345,26 @@ class _Session(object):
       session.result.estimators += 1
 
     return __init__
+
+  def micro_batch(self, arguments):
+    """TPUEstimator arguments: train_batch_size becomes the micro-batch.
+
+    The program's `train_batch_size` stays the effective batch of an
+    update (what `eb.make_tpu_estimator` does with
+    `gradient_accumulation_steps`). A plain Estimator has no batch
+    argument: its input_fn's batch is the micro-batch.
+    """
+    if arguments.get('use_tpu', True):
+      raise ValueError(levers_lib.TPU_ACCUMULATION_MESSAGE % self.steps)
+    batch = arguments.get('train_batch_size')
+    if batch is None:
+      return
+    strategy = getattr(arguments.get('config'), 'train_distribute', None)
+    replicas = strategy.num_replicas_in_sync if strategy is not None else 1
+    micro = accumulation.micro_batch_size(batch, self.steps, replicas,
+                                          'replicas of the strategy')
+    arguments['train_batch_size'] = micro
+    self.result.micro_batches.append((batch, micro))
 
   # train / evaluate / predict ---------------------------------------------
 
@@ -420,11 +455,16 @@ def _scratch_model_dir(arguments, scratch):
     arguments['model_dir'] = model_dir
 
 
-def _check_options(program, precision, audit, exclude, tf1, tf1_paths):
+def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
+                   gradient_accumulation_steps=1, recompute=False):
   try:
     eb.compute_dtype(precision)
   except ValueError as e:
     raise ProgramError('--precision: %s' % e)
+  try:
+    levers_lib.check_levers(gradient_accumulation_steps, recompute)
+  except ValueError as e:
+    raise ProgramError(str(e))
   if audit not in AUDIT_MODES:
     raise ProgramError('--audit must be one of %s, got %r.' %
                        (', '.join(AUDIT_MODES), audit))
@@ -553,7 +593,8 @@ def _tf1_scope(program, folders, tf1, result):
 
 def run_program(program, args=(), precision='bfloat16', audit='strict',
                 exclude=(), memory=False, check=False, plan_fn=None,
-                tf1=None, tf1_paths=()):
+                tf1=None, tf1_paths=(), gradient_accumulation_steps=1,
+                recompute=False):
   """Runs `program` as `__main__` with its Estimators in `precision`.
 
   Args:
@@ -572,6 +613,10 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       decide from its source (None, `estimator_bf16.tf1.detect`).
     tf1_paths: more folders whose modules are the program's own TF 1.x
       code (its own folder always is).
+    gradient_accumulation_steps: K >= 1; every TRAIN graph applies the mean
+      gradient of K micro-batches per update, and a TPUEstimator's
+      `train_batch_size` is divided by K (see `eb.make_tpu_estimator`).
+    recompute: recompute activations during backprop.
 
   Returns:
     A `RunResult`. The program's traceback (if it raised) is printed to
@@ -580,8 +625,11 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
   Raises:
     ProgramError: the program is missing, or an option is bad; nothing ran.
   """
-  _check_options(program, precision, audit, exclude, tf1, tf1_paths)
-  result = RunResult(program=program, precision=precision)
+  _check_options(program, precision, audit, exclude, tf1, tf1_paths,
+                 gradient_accumulation_steps, recompute)
+  result = RunResult(program=program, precision=precision,
+                     gradient_accumulation_steps=gradient_accumulation_steps,
+                     recompute=recompute)
   session = _Session(precision, audit, tuple(exclude), memory, check, result)
 
   def count_resolver(stand_in):

@@ -18,7 +18,9 @@ from estimator_bf16 import accumulation
 from estimator_bf16 import estimator as estimator_lib
 from estimator_bf16 import levers
 from estimator_bf16 import optimizers
+from estimator_bf16.models import training
 from tests import isolated_cache
+from tests import test_runner
 
 _FEATURES = 10
 _CLASSES = 3
@@ -339,6 +341,36 @@ class _CrashInMicroStep(tf.compat.v1.train.SessionRunHook):
     return None
 
 
+class CommandsTest(tf.test.TestCase):
+
+  def test_run_accumulate_ends_at_the_requested_step(self):
+    model_dir = self.create_tempdir().full_path
+    proc = test_runner._cli(  # pylint: disable=protected-access
+        'run', '--accumulate=4', 'tests/legacy_tpu_main.py',
+        '--use_tpu=false', '--train_steps=6', '--eval_steps=1',
+        '--model_dir=' + model_dir)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertEqual(
+        tf.train.load_checkpoint(model_dir).get_tensor('global_step'), 6)
+    self.assertIn('memory levers: gradient accumulation K=4 '
+                  '(train_batch_size 32 = 4 x 8)', proc.stderr)
+
+  def test_run_rejects_a_bad_k_before_running(self):
+    proc = test_runner._cli(  # pylint: disable=protected-access
+        'run', '--accumulate=0', 'tests/legacy_tpu_main.py')
+    self.assertEqual(proc.returncode, 2)
+    self.assertIn('--accumulate must be an integer >= 1', proc.stderr)
+
+  def test_training_command_counts_updates(self):
+    model_dir = self.create_tempdir().full_path
+    result = training.run(training.TrainOptions(
+        model='mnist_mlp', model_dir=model_dir, train_steps=5,
+        train_batch_size=32, accumulate=4, eval_steps=1, export=False,
+        log_every_steps=100))
+    self.assertEqual(result['global_step'], 5)
+    self.assertEqual(result['options']['accumulate'], 4)
+
+
 class BadInputTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(('zero', 0), ('negative', -2),
@@ -354,7 +386,7 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
   def test_batch_not_divisible(self):
     with self.assertRaisesRegex(
         ValueError, r'train_batch_size=18 is not divisible by '
-        r'gradient_accumulation_steps=4 = 4'):
+        r'gradient_accumulation_steps=4: an update is 4 micro-batches'):
       eb.make_tpu_estimator(adam_model_fn, model_dir='/tmp/unused',
                             precision='float32', train_batch_size=18,
                             gradient_accumulation_steps=4)

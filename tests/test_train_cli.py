@@ -168,6 +168,15 @@ class OptionsTest(tf.test.TestCase, parameterized.TestCase):
        '--bert_preset'),
       ('long_sequence', dict(model='bert', seq_length=1024), '--seq_length'),
       ('negative_learning_rate', dict(learning_rate=-1.0), '--learning_rate'),
+      ('zero_accumulate', dict(accumulate=0), '--accumulate'),
+      ('accumulate_not_dividing', dict(accumulate=3, train_batch_size=64),
+       '--accumulate'),
+      ('accumulate_on_tpu', dict(accumulate=2, use_tpu=True, tpu='t',
+                                 model='resnet', dataset=None,
+                                 train_batch_size=64), '--accumulate'),
+      ('accumulate_times_replicas', dict(
+          accumulate=4, train_batch_size=20, distribute='mirrored',
+          cpu_devices=2), '--accumulate'),
   )
   def test_bad_option_names_flag_before_any_graph(self, overrides, flag):
     options = _options(**overrides)

@@ -129,6 +129,11 @@ def define_flags(flag_values=flags.FLAGS):
   integer('activation_stats_steps', 'Every N steps, measure max |x| and the '
           'underflow share of each bfloat16 activation (debug; 0: off).',
           lower_bound=0)
+  integer('accumulate', 'Gradient accumulation: each update applies the '
+          'mean gradient of N micro-batches of train_batch_size / N; '
+          'train_steps counts updates.')
+  boolean('recompute', 'Recompute activations during backprop instead of '
+          'keeping them: a lower peak for about one more forward pass.')
   # Read before TensorFlow loads (estimator_bf16.quiet); not a TrainOption.
   flags.DEFINE_bool('verbose', False, quiet.VERBOSE_HELP, flag_values=f)
   flags.mark_flags_as_required(['model', 'model_dir'], flag_values=f)

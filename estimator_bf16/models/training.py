@@ -15,6 +15,7 @@ from absl import logging
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16 import accumulation
 from estimator_bf16 import activation_stats
 from estimator_bf16 import checkpoint_match
 from estimator_bf16 import checkpoint_repair
@@ -95,6 +96,8 @@ class TrainOptions:
   distribute: Optional[str] = None  # None, 'mirrored' or 'multi_worker'
   cpu_devices: Optional[int] = None  # mirrored on N logical CPU devices
   worker_timeout_secs: float = strategies.DEFAULT_TIMEOUT_SECONDS
+  accumulate: int = 1  # micro-batches per update (gradient accumulation)
+  recompute: bool = False  # recompute activations in backprop
 
 
 def _check(condition, flag, message, *args):
@@ -234,6 +237,21 @@ def _check_replicas(options):
            'share.', batch, replicas, options.distribute)
 
 
+def _check_levers(options):
+  _positive(options, 'accumulate')
+  if options.accumulate == 1:
+    return
+  _check(not options.use_tpu, '--accumulate', 'needs --use_tpu=false: on a '
+         'TPU the host cannot run micro-steps inside the training loop.')
+  replicas, _ = _replicas(options)
+  try:
+    accumulation.micro_batch_size(options.train_batch_size,
+                                  options.accumulate, replicas,
+                                  'replicas of --distribute')
+  except ValueError as e:
+    raise OptionError('--accumulate', str(e)) from e
+
+
 def _check_eval_steps(options):
   if options.eval_steps is not None:
     return options
@@ -289,6 +307,7 @@ def prepare(options):
   _check_shards(options)
   _positive(options, 'cpu_devices')
   _check_replicas(options)
+  _check_levers(options)
   return _check_eval_steps(options)
 
 
@@ -457,7 +476,9 @@ def run(options, hooks=()):
       save_checkpoints_steps=options.save_checkpoints_steps,
       keep_checkpoint_max=options.keep_checkpoint_max,
       log_step_count_steps=options.log_every_steps,
-      tf_random_seed=options.seed, distribute=strategy)
+      tf_random_seed=options.seed, distribute=strategy,
+      gradient_accumulation_steps=options.accumulate,
+      recompute=options.recompute)
   throughput = ThroughputHook(options.train_batch_size)
   stopper = preemption.stop_on_signals(steps_per_run)
   shown = progress.ProgressHook(options.train_steps, options.train_batch_size,
