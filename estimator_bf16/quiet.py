@@ -38,7 +38,9 @@ def is_package_command(argv):
   """True if `argv` (the interpreter's command line) runs a command of ours."""
   if not argv:
     return False
-  if os.path.basename(argv[0]) in _CONSOLE_SCRIPTS:
+  # A console script runs as `python SCRIPT ARGS`: the interpreter's own
+  # command line names the script second.
+  if any(os.path.basename(arg) in _CONSOLE_SCRIPTS for arg in argv[:2]):
     return True
   for index, arg in enumerate(argv[:-1]):
     if arg == '-m':

@@ -63,6 +63,12 @@ class QuietCommandsTest(tf.test.TestCase, parameterized.TestCase):
       ('run', ['python', '-m', 'estimator_bf16', 'run', 'p.py'], '3'),
       ('train', ['python', '-m', 'estimator_bf16.models.train_cli'], '3'),
       ('script', ['/venv/bin/estimator-bf16-train', '--model=x'], '3'),
+      # What sys.orig_argv holds when the script's shebang starts Python.
+      ('script_via_python', ['/venv/bin/python3.11',
+                             '/venv/bin/estimator-bf16-train', '--model=x'],
+       '3'),
+      ('a_program_named_like_a_flag', ['python', 'x.py', 'tpu-submit'],
+       None),
       ('verbose', ['python', '-m', 'estimator_bf16.launch', '--verbose'],
        '0'),
       ('a_users_program', ['python', 'train.py'], None),
