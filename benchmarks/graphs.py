@@ -26,6 +26,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 from benchmarks import throughput
 import estimator_bf16 as eb
+from estimator_bf16 import accumulation
 from estimator_bf16.models import head
 
 _SEED = 1
@@ -39,14 +40,34 @@ class TrainStep:
     graph: the `tf.Graph` holding it.
     train_op: the op one training step runs.
     loss: float32 scalar loss.
-    batch_size: examples per step.
+    batch_size: examples per step (per update, with accumulation).
     report: the `eb.GraphReport` of the graph (ops, casts, bfloat16 FLOPs).
+    first_micro_step, micro_step: with gradient accumulation, the ops of
+      the first micro-step of an update and of the next K - 2
+      (`train_op` is the K-th and the update); None without.
+    micro_steps: K, micro-batches per update (1 without accumulation).
   """
   graph: tf.Graph
   train_op: Any
   loss: tf.Tensor
   batch_size: int
   report: Any
+  first_micro_step: Any = None
+  micro_step: Any = None
+  micro_steps: int = 1
+
+
+def run_update(session, step, **run_kwargs):
+  """Runs one update of `step`: its micro-steps, then `train_op`.
+
+  `run_kwargs` (trace options) go to the `train_op` run, the one that
+  holds the step's peak: the last micro-batch's activations and the update.
+  """
+  if step.micro_steps > 1:
+    session.run(step.first_micro_step)
+  for _ in range(step.micro_steps - 2):
+    session.run(step.micro_step)
+  return session.run(step.train_op, **run_kwargs)
 
 
 def _resnet(spec):
@@ -234,7 +255,8 @@ def _resident(tensor):
 
 def build_train_step(spec, precision, batch_size, *, optimizer=None,
                      model_fn_override: Optional[Callable] = None,
-                     wrap_model=True, wrap_input=True):
+                     wrap_model=True, wrap_input=True,
+                     gradient_accumulation_steps=1, recompute=False):
   """Builds one training step of `spec` in a new graph.
 
   Args:
@@ -248,6 +270,9 @@ def build_train_step(spec, precision, batch_size, *, optimizer=None,
       its own casts).
     wrap_input: wrap the input_fn with `eb.wrap_input_fn`, so bfloat16
       images leave the input pipeline; False feeds float32 images.
+    gradient_accumulation_steps: K; the step is one update of `batch_size`
+      examples in K micro-batches of `batch_size / K` (needs wrap_model).
+    recompute: recompute activations in backprop (needs wrap_model).
 
   Returns:
     A `TrainStep`.
@@ -258,19 +283,28 @@ def build_train_step(spec, precision, batch_size, *, optimizer=None,
     fn = model_fn_override or model_fn(spec, optimizer)
     input_fn = synthetic_input_fn(spec)
     if wrap_model:
-      fn = eb.wrap_model_fn(fn, precision)
+      fn = eb.wrap_model_fn(
+          fn, precision, gradient_accumulation_steps=gradient_accumulation_steps,
+          recompute=recompute)
     if wrap_input:
       input_fn = eb.wrap_input_fn(input_fn, precision)
-    params = {'batch_size': batch_size, 'precision': precision,
+    micro_batch = accumulation.micro_batch_size(batch_size,
+                                                gradient_accumulation_steps)
+    params = {'batch_size': micro_batch, 'precision': precision,
               'use_tpu': False}
     batch = input_fn(params).take(1).get_single_element()
     features, labels = tf.nest.map_structure(_resident, batch)
     estimator_spec = fn(features, labels, tf.estimator.ModeKeys.TRAIN,
                         params, None)
     report = eb.check_graph(graph, strict=False, loss=estimator_spec.loss)
+    first = graph.get_collection(accumulation.FIRST_MICRO_STEP_COLLECTION)
+    rest = graph.get_collection(accumulation.MICRO_STEP_COLLECTION)
   return TrainStep(graph=graph, train_op=estimator_spec.train_op,
                    loss=estimator_spec.loss, batch_size=batch_size,
-                   report=report)
+                   report=report,
+                   first_micro_step=first[0] if first else None,
+                   micro_step=rest[0] if rest else None,
+                   micro_steps=gradient_accumulation_steps)
 
 
 def memory_session_config():
@@ -347,7 +381,7 @@ def time_train_steps(steps, *, session_configs=None, warmup_steps,
     for name, step in steps.items():
       sessions[name] = start_session(step, session_configs.get(name))
     variants = {
-        name: (lambda s=sessions[name], op=step.train_op: s.run(op),
+        name: (lambda s=sessions[name], t=step: run_update(s, t),
                step.batch_size)
         for name, step in steps.items()}
     return throughput.alternating_windows(

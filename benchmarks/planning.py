@@ -9,18 +9,22 @@ from benchmarks import graphs
 from estimator_bf16 import memory_planner
 
 
-def plan_model(spec, precision, optimizer=None):
+def plan_model(spec, precision, optimizer=None, gradient_accumulation_steps=1,
+               recompute=False):
   """Returns the `MemoryPlan` of `spec`'s training step.
 
   Args:
     spec: a `configs.ModelSpec`.
     precision: 'float32' or 'bfloat16'.
     optimizer: overrides `spec.optimizer` (e.g. 'adafactor').
+    gradient_accumulation_steps, recompute: the memory levers.
   """
   features, labels = graphs.feature_specs(spec)
   return memory_planner.memory_plan(
       graphs.model_fn(spec, optimizer), features=features, labels=labels,
-      precision=precision)
+      precision=precision,
+      gradient_accumulation_steps=gradient_accumulation_steps,
+      recompute=recompute)
 
 
 def plan_row(plan, budget_bytes=None, cpu_upcast=False):

@@ -66,13 +66,13 @@ def measure_step_memory(step, session_config=None):
   try:
     # The first step creates kernels and caches; the second is a step like
     # every later one.
-    session.run(step.train_op)
+    graphs.run_update(session, step)
     persistent = bytes_in_use() - baseline
     run_metadata = tf.compat.v1.RunMetadata()
-    session.run(step.train_op,
-                options=tf.compat.v1.RunOptions(
-                    trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-                run_metadata=run_metadata)
+    graphs.run_update(session, step,
+                      options=tf.compat.v1.RunOptions(
+                          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                      run_metadata=run_metadata)
     peak = memory_lib.peak_bytes_from_run_metadata(run_metadata) - baseline
   finally:
     session.close()

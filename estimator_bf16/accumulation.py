@@ -12,9 +12,9 @@ clipping by global norm sees the norm of the big batch's gradient.
 One training step of the Estimator is one update:
 
   * `AccumulationHook.before_run` runs K - 1 micro-steps (the model's
-    forward and backward pass and `accumulator += gradient`);
-  * the step itself runs the K-th micro-step, then the update, then sets
-    the accumulators back to zero.
+    forward and backward pass and `accumulator += gradient / K`; the first
+    of them overwrites instead of adding);
+  * the step itself runs the K-th micro-step, then the update.
 
 `global_step` therefore counts updates, and every hook that reads it (stop,
 checkpoint, summary, logging) keeps the meaning it had at the big batch.
@@ -32,8 +32,10 @@ import re
 
 import tensorflow as tf
 
-# Graph collection of each replica's micro-step op (under a tf.distribute
-# strategy the model_fn runs once per replica; the hook runs them all).
+# Graph collections of each replica's micro-step ops (under a tf.distribute
+# strategy the model_fn runs once per replica; the hook runs them all): the
+# first micro-step of an update, and the others before the training step.
+FIRST_MICRO_STEP_COLLECTION = 'estimator_bf16_accumulate_first'
 MICRO_STEP_COLLECTION = 'estimator_bf16_accumulate'
 
 
@@ -102,7 +104,8 @@ class Accumulators(object):
   def __init__(self, steps):
     self.steps = steps
     self.variables = []
-    self.micro_step_ops = []
+    self.first_ops = []  # accumulator = gradient / K
+    self.add_ops = []  # accumulator += gradient / K
 
   def mean_gradients(self, gradients, variables):
     """Accumulates `gradients`; returns what an update should apply.
@@ -116,7 +119,7 @@ class Accumulators(object):
       A list aligned with `gradients`: None stays None; anything else
       becomes a dense tensor (the accumulator's dtype, the variable's
       shape) holding the mean over the K micro-batches of this update,
-      read after this micro-batch's gradient was added.
+      read after this micro-batch's share was added.
     """
     means = []
     for gradient, variable in zip(gradients, variables):
@@ -131,10 +134,11 @@ class Accumulators(object):
     name = _variable_name(variable) + '/gradient_accumulator'
     with tf.control_dependencies(None):
       # Created free of the control dependencies and control-flow context
-      # the gradient call may sit in: its initializer must run alone. ON_READ keeps one copy per replica under a
-      # tf.distribute strategy (each replica sums its own micro-batches;
-      # the optimizer all-reduces the mean as it would a gradient). Local:
-      # never saved, so checkpoints do not change.
+      # the gradient call may sit in: its initializer must run alone.
+      # ON_READ keeps one copy per replica under a tf.distribute strategy
+      # (each replica sums its own micro-batches; the optimizer all-reduces
+      # the mean as it would a gradient). Local: never saved, so
+      # checkpoints do not change.
       accumulator = tf.compat.v1.Variable(
           tf.zeros(variable.shape, dtype), trainable=False,
           use_resource=True, name=name,
@@ -142,19 +146,31 @@ class Accumulators(object):
           synchronization=tf.VariableSynchronization.ON_READ,
           aggregation=tf.VariableAggregation.SUM)
     self.variables.append(accumulator)
+    scale = 1.0 / self.steps
     with tf.name_scope('gradient_accumulation'):
+      # Each micro-batch adds its share, gradient / K, so the accumulator
+      # holds the mean itself: the update reads it without a scaled copy,
+      # and at the update the accumulators stand in for the gradients an
+      # ordinary step would hold, rather than adding to them.
       if isinstance(gradient, tf.IndexedSlices):
-        # Embedding rows: added in place, never a dense copy per step.
-        added = accumulator.scatter_add(gradient)
+        share = tf.IndexedSlices(gradient.values * scale, gradient.indices,
+                                 gradient.dense_shape)
+        # Embedding rows are added in place, never as a dense copy.
+        added = accumulator.scatter_add(share)
+        first = accumulator.assign(tf.convert_to_tensor(share))
       else:
-        added = accumulator.assign_add(gradient)
-      added = added.op if hasattr(added, 'op') else added
-      self.micro_step_ops.append(added)
-      with tf.control_dependencies([added]):
-        return accumulator.read_value() * (1.0 / self.steps)
+        share = gradient * scale
+        added = accumulator.assign_add(share)
+        first = accumulator.assign(share)
+      # The first micro-step of an update overwrites what the last update
+      # left, so no op has to zero the accumulators after an update.
+      self.first_ops.append(_as_op(first))
+      self.add_ops.append(_as_op(added))
+      with tf.control_dependencies([_as_op(added)]):
+        return accumulator.read_value()
 
   def finish(self, train_op, update_ops=()):
-    """The step's op, and the micro-step op registered for the hook.
+    """Registers the micro-step ops for `AccumulationHook`.
 
     Args:
       train_op: the program's train op, built on `mean_gradients`' results.
@@ -162,15 +178,23 @@ class Accumulators(object):
         (batch-norm moving averages, from UPDATE_OPS).
 
     Returns:
-      An op that runs `train_op` and then zeroes the accumulators.
+      The op of a training step: `train_op`, which reads the accumulators
+      after the step's own micro-batch was added.
     """
-    micro_step = tf.group(*(self.micro_step_ops + list(update_ops)),
-                          name='gradient_accumulation/micro_step')
-    tf.compat.v1.add_to_collection(MICRO_STEP_COLLECTION, micro_step)
-    with tf.control_dependencies([train_op]):
-      zeroed = [accumulator.assign(tf.zeros_like(accumulator)).op
-                for accumulator in self.variables]
-    return tf.group(*zeroed, name='gradient_accumulation/update')
+    update_ops = list(update_ops)
+    tf.compat.v1.add_to_collection(
+        FIRST_MICRO_STEP_COLLECTION,
+        tf.group(*(self.first_ops + update_ops),
+                 name='gradient_accumulation/first_micro_step'))
+    tf.compat.v1.add_to_collection(
+        MICRO_STEP_COLLECTION,
+        tf.group(*(self.add_ops + update_ops),
+                 name='gradient_accumulation/micro_step'))
+    return train_op
+
+
+def _as_op(value):
+  return value.op if hasattr(value, 'op') else value
 
 
 class AccumulationHook(tf.compat.v1.train.SessionRunHook):
@@ -188,17 +212,21 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
 
   def __init__(self, steps):
     self._steps = check_steps(steps)
-    self._micro_step = None
+    self._first = self._add = None
 
   def begin(self):
-    ops = tf.compat.v1.get_collection(MICRO_STEP_COLLECTION)
-    if not ops:
+    first = tf.compat.v1.get_collection(FIRST_MICRO_STEP_COLLECTION)
+    add = tf.compat.v1.get_collection(MICRO_STEP_COLLECTION)
+    if not first:
       raise ValueError('AccumulationHook: the graph has no micro-step op; '
                        'the model_fn was not built with '
                        'gradient_accumulation_steps > 1.')
-    self._micro_step = tf.group(*ops, name='gradient_accumulation/replicas')
+    # One op per replica under a tf.distribute strategy: run them together.
+    self._first = tf.group(*first, name='gradient_accumulation/first')
+    self._add = tf.group(*add, name='gradient_accumulation/add')
 
   def before_run(self, run_context):
-    for _ in range(self._steps - 1):
-      run_context.session.run(self._micro_step)
+    run_context.session.run(self._first)
+    for _ in range(self._steps - 2):
+      run_context.session.run(self._add)
     return None

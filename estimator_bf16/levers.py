@@ -153,10 +153,9 @@ def levers_model_fn(model_fn, gradient_accumulation_steps=1,
       model_fn `train_batch_size / gradient_accumulation_steps`.
     gradient_accumulation_steps: int >= 1, micro-batches per update (1: no
       accumulation). The returned TRAIN spec's `train_op` is one update:
-      the K-th micro-step, the program's own train op applying the mean,
-      and the reset of the accumulators; its `training_hooks` gain the
-      `accumulation.AccumulationHook` that runs the K - 1 micro-steps
-      before it.
+      the K-th micro-step and the program's own train op applying the
+      mean; its `training_hooks` gain the `accumulation.AccumulationHook`
+      that runs the K - 1 micro-steps before it.
     recompute: recompute activations during backprop (`recompute`).
 
   Returns:

@@ -46,6 +46,7 @@ runtime also reserves some memory). Leave headroom. `docs/benchmarks.md`
 states the planner's error against the measured CPU peak.
 """
 
+import collections
 import dataclasses
 import heapq
 import inspect
@@ -60,6 +61,7 @@ from tensorflow.python.grappler import tf_optimizer
 
 from estimator_bf16 import autocasting
 from estimator_bf16 import casting
+from estimator_bf16 import levers
 from estimator_bf16 import op_lists
 from estimator_bf16 import optimizers
 from estimator_bf16 import precision as precision_lib
@@ -126,7 +128,12 @@ class MemoryPlan:
       bfloat16 matmuls in float32 (CPUs without AVX512-BF16 or AMX): each
       such matmul also holds float32 copies of its operands and result
       while it runs. Equal to `lines` in float32.
-    batch_sizes: the two batch sizes the graph was built at.
+    batch_sizes: the two (micro-)batch sizes the graph was built at.
+    gradient_accumulation_steps: K; with K > 1 the graph was built for a
+      micro-batch, every batch this plan takes or returns is the effective
+      batch of an update (K micro-batches), and the accumulators count as
+      slots.
+    recompute: whether the graph recomputes activations in backprop.
   """
   precision: str
   optimizer: str
@@ -138,6 +145,8 @@ class MemoryPlan:
   lines: Tuple[Tuple[float, float], ...]
   upcast_lines: Tuple[Tuple[float, float], ...]
   batch_sizes: Tuple[int, int]
+  gradient_accumulation_steps: int = 1
+  recompute: bool = False
 
   @property
   def persistent_bytes(self):
@@ -151,11 +160,13 @@ class MemoryPlan:
     """Estimated peak bytes of a training step at `batch_size` (int).
 
     Args:
-      batch_size: examples per step on this device.
+      batch_size: examples per step (per update) on this device; with
+        accumulation, K micro-batches of `batch_size / K`.
       upcast: model a CPU that computes bfloat16 matmuls in float32 (see
         `upcast_lines`); False for TPUs.
     """
-    transient = max(a + c * batch_size for a, c in self._lines(upcast))
+    micro_batch = batch_size / float(self.gradient_accumulation_steps)
+    transient = max(a + c * micro_batch for a, c in self._lines(upcast))
     return int(round(self.persistent_bytes + transient))
 
   def max_batch(self, budget_bytes, multiple_of=1, upcast=False):
@@ -168,7 +179,8 @@ class MemoryPlan:
       upcast: see `step_bytes`.
 
     Returns:
-      int, the batch size per device.
+      int, the batch size per device (per update: with accumulation, K
+      times the largest micro-batch that fits).
     """
     room = budget_bytes - self.persistent_bytes
     best = float('inf')
@@ -181,7 +193,7 @@ class MemoryPlan:
     if best == float('inf'):
       raise ValueError('No line of this plan grows with the batch; the '
                        'graph does not depend on the batch size.')
-    batch = max(0, int(best))
+    batch = max(0, int(best)) * self.gradient_accumulation_steps
     return batch - batch % multiple_of
 
   def max_batch_per_core(self, multiple_of=1):
@@ -224,7 +236,8 @@ def input_specs(input_fn, params=None):
 
 def memory_plan(model_fn=None, *, network_fn=None, features,
                 labels=tf.TensorSpec([], tf.int32), precision='float32',
-                optimizer=None, params=None, batch_sizes=(8, 16)):
+                optimizer=None, params=None, batch_sizes=(8, 16),
+                gradient_accumulation_steps=1, recompute=False):
   """Estimates the memory of one training step on one device.
 
   Give either `model_fn` (a legacy Estimator/TPUEstimator model_fn; it
@@ -249,7 +262,10 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
       `use_tpu` (False) are set by the planner.
     batch_sizes: two different batch sizes to build the graph at; small
       ones build fastest. Any code that bakes the batch into shapes (TPU
-      code usually does) is fine.
+      code usually does) is fine. With accumulation these are micro-batches.
+    gradient_accumulation_steps: K, micro-batches per update (see
+      `MemoryPlan`).
+    recompute: plan the graph that recomputes activations in backprop.
 
   Returns:
     A `MemoryPlan`.
@@ -259,6 +275,7 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
       model_fn and network_fn, or a graph without gradients.
   """
   precision_lib.check_precision(precision)
+  levers.check_levers(gradient_accumulation_steps, recompute)
   if (model_fn is None) == (network_fn is None):
     raise ValueError('Pass exactly one of model_fn and network_fn.')
   if len(batch_sizes) != 2 or batch_sizes[0] == batch_sizes[1] or min(
@@ -270,12 +287,17 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
                      'only with network_fn.')
   if network_fn is not None:
     optimizer = optimizer or 'adam'
-    builder = _network_step_builder(network_fn, optimizer, precision)
+    # The network is put in the precision by build_network: the model_fn
+    # around it gets only the levers.
+    model_fn = _network_model_fn(
+        wrappers.build_network(network_fn, precision), optimizer)
     optimizer_name = optimizer if isinstance(optimizer, str) else getattr(
         optimizer, '__name__', 'custom')
   else:
-    builder = _model_fn_step_builder(model_fn, precision, params)
     optimizer_name = 'model_fn'
+  builder = _model_fn_step_builder(
+      model_fn, precision, params, gradient_accumulation_steps, recompute,
+      wrap_precision=network_fn is None)
 
   builds = [_build(builder, features, labels, precision, b)
             for b in batch_sizes]
@@ -300,7 +322,9 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
       parameter_bytes=build1.parameter_bytes, state_bytes=build1.state_bytes,
       slot_bytes=build1.slot_bytes, fixed_bytes=fixed,
       bytes_per_example=per_example, lines=tuple(lines),
-      upcast_lines=tuple(upcast_lines), batch_sizes=tuple(batch_sizes))
+      upcast_lines=tuple(upcast_lines), batch_sizes=tuple(batch_sizes),
+      gradient_accumulation_steps=gradient_accumulation_steps,
+      recompute=recompute)
 
 
 def variable_bytes(graph=None):
@@ -354,17 +378,21 @@ class _Build:
   slot_bytes: int
 
 
-def _network_step_builder(network_fn, optimizer, precision):
-  """Returns `build(features, labels) -> (loss, train_op)` for a network."""
+class _Spec(collections.namedtuple('_Spec', ['loss', 'train_op',
+                                            'training_hooks'])):
+  """The parts of an EstimatorSpec a planned TRAIN graph has."""
+
+
+def _network_model_fn(network_fn, optimizer):
+  """A TRAIN-only model_fn around a network: cross-entropy and `optimizer`."""
   if not (callable(optimizer) or optimizer in optimizers.OPTIMIZERS):
     raise ValueError('optimizer must be one of %s or a function returning '
                      'an optimizer, got %r.' %
                      (', '.join(optimizers.OPTIMIZERS), optimizer))
-  network = wrappers.build_network(network_fn, precision)
 
-  def build(features, labels, batch_size):
-    del batch_size
-    logits = network(features, is_training=True)
+  def model_fn(features, labels, mode):
+    del mode
+    logits = network_fn(features, is_training=True)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
         tf.reshape(labels, [-1]), logits)
     opt = (optimizers.create_optimizer(optimizer, _PLAN_LEARNING_RATE)
@@ -375,14 +403,21 @@ def _network_step_builder(network_fn, optimizer, precision):
     with tf.control_dependencies(tf.compat.v1.get_collection(
         tf.compat.v1.GraphKeys.UPDATE_OPS)):
       train_op = opt.minimize(loss, global_step=step)
-    return loss, train_op
+    return _Spec(loss, train_op, ())
 
-  return build
+  return model_fn
 
 
-def _model_fn_step_builder(model_fn, precision, params):
-  """Returns `build(features, labels) -> (loss, train_op)` for a model_fn."""
-  wrapped = wrappers.wrap_model_fn(model_fn, precision, audit='off')
+def _model_fn_step_builder(model_fn, precision, params, steps, recompute,
+                           wrap_precision=True):
+  """Returns `build(features, labels) -> (loss, train_op)` for a model_fn.
+
+  The model_fn gets the levers, and `precision` unless `wrap_precision` is
+  False (a network already in its precision).
+  """
+  wrapped = wrappers.wrap_model_fn(
+      model_fn, precision if wrap_precision else 'float32', audit='off',
+      gradient_accumulation_steps=steps, recompute=recompute)
   accepted = set(inspect.signature(wrapped).parameters)
 
   def build(features, labels, batch_size):

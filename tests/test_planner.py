@@ -225,19 +225,64 @@ _BERT_STYLE = configs.ModelSpec('bert_style_small', 'bert_style',
                                 seq_length=64, num_classes=2, vocab_size=2000)
 
 
+class LeversPlanTest(parameterized.TestCase):
+
+  def test_accumulators_are_float32_slots(self):
+    plain = _plan()
+    accumulated = memory_planner.memory_plan(
+        network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',
+        gradient_accumulation_steps=4)
+    self.assertEqual(accumulated.slot_bytes,
+                     plain.slot_bytes + 4 * _PARAMETERS)
+    self.assertEqual(accumulated.parameter_bytes, plain.parameter_bytes)
+
+  @parameterized.parameters('float32', 'bfloat16')
+  def test_batches_are_effective_batches(self, precision):
+    plain = _plan(precision)
+    accumulated = memory_planner.memory_plan(
+        network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',
+        precision=precision, gradient_accumulation_steps=4)
+    # An update of 4096 examples costs about what one micro-batch of 1024
+    # does, plus the accumulators; nothing like 4096 at once.
+    micro = plain.step_bytes(1024)
+    self.assertBetween(accumulated.step_bytes(4096), 0.9 * micro,
+                       micro + 4 * _PARAMETERS * 1.05)
+    self.assertLess(accumulated.step_bytes(4096),
+                    0.5 * plain.step_bytes(4096))
+    budget = 64 * 2**20
+    batch = accumulated.max_batch(budget)
+    self.assertEqual(batch % 4, 0)
+    self.assertGreater(batch, 3 * plain.max_batch(budget))
+    self.assertLessEqual(accumulated.step_bytes(batch), budget)
+
+  def test_bad_levers(self):
+    with self.assertRaisesRegex(ValueError, 'gradient_accumulation_steps'):
+      memory_planner.memory_plan(network_fn=_network,
+                                 features={'image': _IMAGE},
+                                 gradient_accumulation_steps=0)
+
+
 @pytest.mark.slow
 class MeasuredPeakTest(parameterized.TestCase):
   """The plan against the same training step run on this CPU."""
 
-  @parameterized.parameters('float32', 'bfloat16')
-  def test_close_to_the_live_tensor_peak(self, precision):
+  @parameterized.named_parameters(
+      *[('%s_%s' % (precision, name), precision, steps, recompute)
+        for precision in ('float32', 'bfloat16')
+        for name, steps, recompute in (('plain', 1, False),
+                                       ('accumulate', 4, False))])
+  def test_close_to_the_live_tensor_peak(self, precision, steps, recompute):
     if not peak_memory.allocator_stats_enabled():
       self.skipTest('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
                     'loads')
     step = graphs.build_train_step(_BERT_STYLE, precision,
-                                   _BERT_STYLE.batch_size)
+                                   _BERT_STYLE.batch_size,
+                                   gradient_accumulation_steps=steps,
+                                   recompute=recompute)
     measured = step_memory.measure_step_memory(step)['peak_tensor_bytes']
-    plan = planning.plan_model(_BERT_STYLE, precision)
+    plan = planning.plan_model(_BERT_STYLE, precision,
+                               gradient_accumulation_steps=steps,
+                               recompute=recompute)
     # Without bfloat16 arithmetic the CPU's matmuls hold float32 copies,
     # which the planner adds on request; that model of them is coarser.
     emulated = not cpu.native_bfloat16()
