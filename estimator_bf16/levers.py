@@ -85,8 +85,11 @@ def _gradients_in_levers(original):
         from estimator_bf16 import recompute  # pylint: disable=g-import-not-at-top
         options = {k: v for k, v in arguments.items()
                    if k not in ('ys', 'xs', 'grad_ys', 'name')}
+        # Under TensorFlow's own name scope, where the audit and the
+        # planner look for the backward pass.
         grads = recompute.gradients_with_recompute(
-            arguments['ys'], xs_list, arguments.get('grad_ys'), **options)
+            arguments['ys'], xs_list, arguments.get('grad_ys'),
+            name=arguments.get('name') or 'gradients', **options)
       else:
         grads = original(*args, **kwargs)
     finally:
