@@ -101,6 +101,12 @@ class BenchmarkConfig:
     adafactor_model: name of the model of the Adafactor comparison; '' picks
       the first BERT (its embedding table makes optimizer state matter).
     keras_batch_size: batch of the Keras comparison (MNIST MLP).
+    accumulation_runs: (model name, effective batch, K) of the gradient
+      accumulation comparison (`benchmarks.levers`): K micro-batches
+      against B/K alone and B at once, in bfloat16.
+    recompute_runs: (model name, batch) of the recompute comparison.
+    both_levers_run: (model name, effective batch, K) measured with both
+      levers and compared with the planner's float32 peak at that batch.
     keras_window_steps: its steps per window.
     convergence_steps: (MNIST MLP steps, BERT steps) of the parity runs.
     convergence_bert_preset: BERT size of the parity run (synthetic task).
@@ -127,6 +133,15 @@ class BenchmarkConfig:
   build_overhead_calls: int = 5
   adafactor_model: str = ''
   keras_batch_size: int = 256
+  # Micro-batches where activations, not BERT-base's 1.3 GiB of float32
+  # weights and AdamW slots, make most of the peak: the accumulators (one
+  # float32 copy of the weights) are then a small part of it.
+  accumulation_runs: Tuple[Tuple[str, int, int], ...] = (
+      ('bert_base_seq128', 128, 4), ('resnet50_224px', 64, 4))
+  # BERT-base at its memory batch (64, the seed user's); ResNet-50 at 32.
+  recompute_runs: Tuple[Tuple[str, int], ...] = (
+      ('bert_base_seq128', 64), ('resnet50_224px', 32))
+  both_levers_run: Tuple[str, int, int] = ('bert_base_seq128', 256, 8)
   keras_window_steps: int = 40
   convergence_steps: Tuple[int, int] = (300, 150)
   convergence_bert_preset: str = 'tiny'

@@ -153,12 +153,91 @@ def targets(results):
         lambda v: v >= 1.0, speed=True,
         spreads=[(keras.get('model', 'mnist_mlp'),
                   keras.get('throughput_ratio_iqr'))])
+  lever = results.get('levers')
+  if lever:
+    _lever_targets(add, lever)
   planner = results.get('planner')
   if planner and planner['relative_error'] is not None:
     add('planner within 10% of the measured peak (worst case)',
         [(planner['worst_case'], planner['relative_error'])],
         lambda v: abs(v) <= 0.10)
   return rows
+
+
+def _lever_targets(add, lever):
+  """The memory levers' targets (benchmarks.levers), one row each."""
+  accumulation = lever.get('accumulation', [])
+  label = lambda run: '%s B=%d K=%d' % (run['model'], run['effective_batch'],
+                                        run['steps'])
+  add('accumulation: peak at B in K micro-batches <= 1.15x peak at B/K',
+      [(label(r), r['peak_ratio_to_micro']) for r in accumulation],
+      lambda v: v <= 1.15)
+  add('accumulation: examples/s >= 0.95x that of B/K',
+      [(label(r), r['speed_ratio_to_micro']) for r in accumulation],
+      lambda v: v >= 0.95, speed=True,
+      spreads=[(label(r), r['speed']['accumulated_vs_micro']['ratio_iqr'])
+               for r in accumulation])
+  limits = {'bert': (0.6, 1.35), 'resnet': (0.7, 1.4)}
+  for family, (peak, time) in limits.items():
+    runs = [r for r in lever.get('recompute', [])
+            if r['model'].startswith(family)]
+    if not runs:
+      continue
+    name = lambda run: '%s batch %d' % (run['model'], run['batch_size'])
+    add('recompute: peak <= %.2fx (%s)' % (peak, family),
+        [(name(r), r['peak_ratio']) for r in runs], lambda v, p=peak: v <= p)
+    add('recompute: step time <= %.2fx (%s)' % (time, family),
+        [(name(r), r['step_time_ratio']) for r in runs],
+        lambda v, t=time: v <= t, speed=True)
+  both = lever.get('both')
+  if both:
+    add('both levers: peak at B=%d <= 0.3x the float32 peak at B=%d '
+        '(planned)' % (both['effective_batch'], both['effective_batch']),
+        [(both['model'], both['ratio_to_float32'])], lambda v: v <= 0.3)
+
+
+def lever_lines(results):
+  """The levers' tables for results.md (empty without the section)."""
+  lever = results.get('levers')
+  if not lever:
+    return []
+  lines = ['', '**Gradient accumulation** (bfloat16; peak = CPU allocator, '
+           'examples/s paired in one process):', '',
+           '| model | B | K | peak B/K MiB | peak K x B/K MiB | peak B MiB | '
+           'peak ratio to B/K | examples/s ratio to B/K | to B |',
+           '| --- | --- | --- | --- | --- | --- | --- | --- | --- |']
+  for run in lever.get('accumulation', []):
+    memory = run['memory']
+    lines.append('| %s | %d | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |'
+                 % (run['model'], run['effective_batch'], run['steps'],
+                    memory['micro']['peak_step_bytes'] / MiB,
+                    memory['accumulated']['peak_step_bytes'] / MiB,
+                    memory['big']['peak_step_bytes'] / MiB,
+                    run['peak_ratio_to_micro'], run['speed_ratio_to_micro'],
+                    run['speed_ratio_to_big']))
+  lines += ['', '**Recompute** (bfloat16):', '',
+            '| model | batch | peak off MiB | peak on MiB | peak ratio | '
+            'step time ratio |', '| --- | --- | --- | --- | --- | --- |']
+  for run in lever.get('recompute', []):
+    memory = run['memory']
+    lines.append('| %s | %d | %.0f | %.0f | %.2f | %.2f |' % (
+        run['model'], run['batch_size'],
+        memory['plain']['peak_step_bytes'] / MiB,
+        memory['recompute']['peak_step_bytes'] / MiB, run['peak_ratio'],
+        run['step_time_ratio']))
+  both = lever.get('both')
+  if both:
+    lines += ['', '**Both levers**, %s at effective batch %d (K=%d, '
+              'recompute, bfloat16): measured peak %.0f MiB (planned %.0f), '
+              'against the planner\'s float32 peak at batch %d without '
+              'levers, %.0f MiB: ratio %.2f.' % (
+                  both['model'], both['effective_batch'], both['steps'],
+                  both['memory']['peak_step_bytes'] / MiB,
+                  both['bfloat16_plan_bytes'] / MiB,
+                  both['effective_batch'],
+                  both['float32_planned_bytes'] / MiB,
+                  both['ratio_to_float32'])]
+  return lines
 
 
 def comparison_table(results):
@@ -442,6 +521,7 @@ def markdown(results):
   if results.get('models'):
     lines += [''] + _model_table(results)
   lines += _other_tables(results)
+  lines += lever_lines(results)
   lines += ['', 'Wall time %.0f s.' % results['seconds']['total']]
   return '\n'.join(lines) + '\n'
 

@@ -22,6 +22,7 @@ from benchmarks import convergence
 from benchmarks import env as env_lib
 from benchmarks import graphs
 from benchmarks import kernels
+from benchmarks import levers
 from benchmarks import overhead
 from benchmarks import planning
 from benchmarks import scaling
@@ -33,7 +34,7 @@ PRECISIONS = ('float32', 'bfloat16')
 # graph (the peer).
 VARIANTS = PRECISIONS + (REWRITE,)
 SECTIONS = ('kernels', 'models', 'tpu_plans', 'overhead', 'build_overhead',
-            'keras', 'adafactor', 'convergence', 'scaling')
+            'keras', 'adafactor', 'convergence', 'scaling', 'levers')
 
 
 def _graph_row(report):
@@ -429,11 +430,41 @@ def run(config, out_dir, sections=SECTIONS):
     # 2 logical CPU devices against 1 (MirroredStrategy), side by side.
     results['scaling'] = timed('scaling', scaling.measure_scaling,
                                'bfloat16')
+  if 'levers' in sections:
+    results['levers'] = timed('levers', lever_comparisons, config)
   if 'models' in results:
     results['planner'] = planner_summary(results['models'])
   results['env']['load_average_end'] = env_lib.load_average()
   results['seconds']['total'] = time.perf_counter() - started
   return results
+
+
+def lever_comparisons(config):
+  """Accumulation and recompute side by side, and both at a large batch.
+
+  Each comparison holds its own sessions only while it runs: two BERT-base
+  steps at batch 128 side by side already take several GiB.
+  """
+  windows = max(3, config.windows - 1)
+  accumulation = [
+      levers.accumulation_comparison(
+          config.model(name), batch, steps, warmup_steps=1, window_steps=1,
+          windows=windows)
+      for name, batch, steps in config.accumulation_runs]
+  recompute = [
+      levers.recompute_comparison(config.model(name), batch, warmup_steps=1,
+                                  window_steps=1, windows=windows)
+      for name, batch in config.recompute_runs]
+  name, batch, steps = config.both_levers_run
+  spec = config.model(name)
+  float32_plan = planning.plan_model(spec, 'float32')
+  both = levers.both_levers(spec, batch, steps,
+                            float32_plan.step_bytes(batch))
+  both['bfloat16_plan_bytes'] = planning.plan_model(
+      spec, 'bfloat16', gradient_accumulation_steps=steps,
+      recompute=True).step_bytes(batch)
+  return {'accumulation': accumulation, 'recompute': recompute,
+          'both': both}
 
 
 def planner_summary(models):

@@ -49,7 +49,10 @@ def _tiny_config():
       model_windows=(('mnist_mlp', 3),), memory_rounds=2,
       max_search_measurements=2, overhead_batch_size=32,
       overhead_window_steps=2, overhead_windows=2, build_overhead_calls=2,
-      adafactor_model='mnist_mlp', keras_batch_size=64, keras_window_steps=2)
+      adafactor_model='mnist_mlp', keras_batch_size=64, keras_window_steps=2,
+      accumulation_runs=(('mnist_mlp', 256, 4),),
+      recompute_runs=(('mnist_mlp', 256),),
+      both_levers_run=('mnist_mlp', 512, 4))
 
 
 def _positive_finite(value):
@@ -63,7 +66,7 @@ def outputs(tmp_path_factory):
   out_dir = str(tmp_path_factory.mktemp('bench'))
   results = runner.run(_tiny_config(), out_dir,
                        ('models', 'overhead', 'build_overhead', 'keras',
-                        'adafactor'))
+                        'adafactor', 'levers'))
   # Stand-in curves: the real convergence runs train Estimators for minutes.
   curve = {'steps': [0, 1, 2], 'loss': [2.0, 1.0, 0.5]}
   run = {'eval_accuracy': 0.9, 'eval_loss': 0.3, 'final_train_loss': 0.5,
@@ -74,6 +77,42 @@ def outputs(tmp_path_factory):
   table = report.write_outputs(results, out_dir)
   with open(os.path.join(out_dir, 'results.json')) as saved:
     return json.load(saved), table, out_dir
+
+
+@pytest.mark.slow
+def test_lever_figures_are_the_quotients_they_name(outputs):
+  results, table, _ = outputs
+  lever = results['levers']
+  run = lever['accumulation'][0]
+  memory = run['memory']
+  assert (run['effective_batch'], run['micro_batch'], run['steps']) == (
+      256, 64, 4)
+  assert memory['micro']['batch_size'] == 64
+  assert memory['accumulated']['batch_size'] == 256
+  assert run['peak_ratio_to_micro'] == pytest.approx(
+      memory['accumulated']['peak_step_bytes'] /
+      memory['micro']['peak_step_bytes'])
+  assert run['peak_ratio_to_big'] == pytest.approx(
+      memory['accumulated']['peak_step_bytes'] /
+      memory['big']['peak_step_bytes'])
+  # The accumulators are one float32 copy of the trainable weights.
+  assert (memory['accumulated']['slot_bytes'] - memory['micro']['slot_bytes']
+          == memory['micro']['parameter_bytes'])
+  assert _positive_finite(run['speed_ratio_to_micro'])
+  recompute = lever['recompute'][0]
+  assert recompute['step_time_ratio'] == pytest.approx(
+      1.0 / recompute['speed']['ratio'])
+  assert recompute['peak_ratio'] == pytest.approx(
+      recompute['memory']['recompute']['peak_step_bytes'] /
+      recompute['memory']['plain']['peak_step_bytes'])
+  both = lever['both']
+  assert both['ratio_to_float32'] == pytest.approx(
+      both['memory']['peak_step_bytes'] / both['float32_planned_bytes'])
+  targets = [row['target'] for row in report.targets(results)]
+  assert any(t.startswith('accumulation: peak') for t in targets)
+  assert any(t.startswith('both levers') for t in targets)
+  assert '**Gradient accumulation**' in table
+  assert '**Recompute**' in table
 
 
 @pytest.mark.slow
