@@ -13,6 +13,7 @@ read from). A variable already set is left as it is.
 """
 
 import argparse
+import functools
 import importlib.metadata
 import os
 import sys
@@ -161,7 +162,10 @@ def main(argv=None):
         tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
         gradient_accumulation_steps=args.accumulate,
         recompute=args.recompute,
-        plan_fn=run_report.memory_plans if check else None)
+        plan_fn=functools.partial(
+            run_report.memory_plans,
+            gradient_accumulation_steps=args.accumulate,
+            recompute=args.recompute) if check else None)
   except runner.ProgramError as e:
     return _error(str(e))
   sys.stdout.flush()

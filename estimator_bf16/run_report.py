@@ -42,7 +42,8 @@ _SLOT_BYTES = {'adam': adam_slot_bytes, 'adafactor': adafactor_slot_bytes}
 
 
 def memory_plans(train_graph, precisions=eb.PRECISIONS,
-                 optimizers=PLAN_OPTIMIZERS):
+                 optimizers=PLAN_OPTIMIZERS, gradient_accumulation_steps=1,
+                 recompute=False):
   """Memory plans of the program's model_fn for each precision and optimizer.
 
   `eb.memory_plan` builds the model_fn's own training step (its own
@@ -55,6 +56,9 @@ def memory_plans(train_graph, precisions=eb.PRECISIONS,
     train_graph: a `runner.TrainGraph`.
     precisions: precisions to plan.
     optimizers: names from `PLAN_OPTIMIZERS`.
+    gradient_accumulation_steps, recompute: the levers the run uses; with
+      K > 1 the plans' batches are effective batches and the accumulators
+      (one float32 copy of the trainable variables) count as slots.
 
   Returns:
     {(precision, optimizer): `eb.MemoryPlan`}.
@@ -63,11 +67,16 @@ def memory_plans(train_graph, precisions=eb.PRECISIONS,
   for precision in precisions:
     plan = eb.memory_plan(train_graph.model_fn, features=train_graph.features,
                           labels=train_graph.labels, precision=precision,
-                          params=train_graph.params)
+                          params=train_graph.params,
+                          gradient_accumulation_steps=gradient_accumulation_steps,
+                          recompute=recompute)
+    accumulators = (plan.parameter_bytes if gradient_accumulation_steps > 1
+                    else 0)
     for optimizer in optimizers:
       plans[(precision, optimizer)] = dataclasses.replace(
           plan, optimizer=optimizer,
-          slot_bytes=_SLOT_BYTES[optimizer](train_graph.variable_shapes))
+          slot_bytes=(_SLOT_BYTES[optimizer](train_graph.variable_shapes) +
+                      accumulators))
   return plans
 
 
@@ -199,6 +208,11 @@ def format_check_report(result):
     lines.append('memory plan: largest batch per TPU core (v2: 8 GiB, v3: 16 '
                  'GiB HBM), for one training step')
     lines += _plan_table(result.plans)
+    if result.gradient_accumulation_steps > 1:
+      lines.append('With gradient accumulation K=%d: batches are per update '
+                   '(K micro-batches), MiB/example per micro-batch example, '
+                   'and slots include the float32 accumulators.' %
+                   result.gradient_accumulation_steps)
     lines.append('Estimates without XLA fusion or padding: leave headroom. '
                  'A v2-8 / v3-8 board has 8 cores; the global batch is 8x '
                  'the per-core batch.')

@@ -416,6 +416,26 @@ class CommandsTest(tf.test.TestCase):
     self.assertIn('memory levers: gradient accumulation K=4 '
                   '(train_batch_size 32 = 4 x 8)', proc.stderr)
 
+  def test_check_plans_with_the_levers(self):
+    model_dir = self.create_tempdir().full_path
+    proc = test_runner._cli(  # pylint: disable=protected-access
+        'check', '--accumulate=4', '--recompute',
+        'tests/tf1_programs/bert_style/tf1_run_classifier.py',
+        '--output_dir=' + model_dir)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn('memory levers: gradient accumulation K=4 (train_batch_size '
+                  '32 = 4 x 8); recompute on', proc.stdout)
+    self.assertIn('With gradient accumulation K=4: batches are per update',
+                  proc.stdout)
+    # The plan's largest batches are whole updates: multiples of K.
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.startswith(('float32 ', 'bfloat16 '))
+            and 'share' not in line]
+    self.assertLen(rows, 4)
+    for row in rows:
+      self.assertEqual(int(row[-1]) % 4, 0, row)
+      self.assertEqual(int(row[-2]) % 4, 0, row)
+
   def test_run_rejects_a_bad_k_before_running(self):
     proc = test_runner._cli(  # pylint: disable=protected-access
         'run', '--accumulate=0', 'tests/legacy_tpu_main.py')
