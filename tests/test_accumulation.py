@@ -8,16 +8,19 @@ mean (a sum, a missing micro-batch, an update per micro-batch, a clip of
 the last micro-batch alone) differs by 1e-2 or more.
 """
 
-
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import configs
+from benchmarks import graphs
+from benchmarks import step_memory
 import estimator_bf16 as eb
 from estimator_bf16 import accumulation
 from estimator_bf16 import estimator as estimator_lib
 from estimator_bf16 import levers
 from estimator_bf16 import optimizers
+from estimator_bf16 import peak_memory
 from estimator_bf16.models import training
 from tests import isolated_cache
 from tests import test_runner
@@ -400,6 +403,32 @@ class RecomputeTest(_Training):
     for name in plain:
       self.assertAllClose(recomputed[name], plain[name], atol=2e-2,
                           msg=name)
+
+
+class PeakMemoryTest(tf.test.TestCase):
+  """The allocator's peak of an update made of micro-batches."""
+
+  def test_an_update_of_k_micro_batches_holds_one_micro_batch(self):
+    if not peak_memory.allocator_stats_enabled():
+      self.skipTest('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
+                    'loads')
+    spec = configs.ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=4096,
+                             optimizer='adam')
+    peaks = {}
+    for name, batch, steps in (('micro', 1024, 1), ('accumulated', 4096, 4),
+                               ('big', 4096, 1)):
+      step = graphs.build_train_step(spec, 'bfloat16', batch,
+                                     gradient_accumulation_steps=steps)
+      peaks[name] = step_memory.measure_step_memory(step)
+    accumulators = peaks['micro']['parameter_bytes']
+    self.assertEqual(peaks['accumulated']['slot_bytes'],
+                     peaks['micro']['slot_bytes'] + accumulators)
+    # Activations of one micro-batch, plus the accumulators (a float32
+    # copy of the weights), within the allocator's rounding of a chunk.
+    self.assertLess(peaks['accumulated']['peak_tensor_bytes'],
+                    peaks['micro']['peak_tensor_bytes'] + 1.1 * accumulators)
+    self.assertLess(peaks['accumulated']['peak_tensor_bytes'],
+                    0.6 * peaks['big']['peak_tensor_bytes'])
 
 
 class CommandsTest(tf.test.TestCase):
