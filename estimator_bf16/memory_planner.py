@@ -57,6 +57,7 @@ from absl import logging
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.grappler import tf_optimizer
 
 from estimator_bf16 import autocasting
@@ -65,6 +66,7 @@ from estimator_bf16 import levers
 from estimator_bf16 import op_lists
 from estimator_bf16 import optimizers
 from estimator_bf16 import precision as precision_lib
+from estimator_bf16 import recompute as recompute_lib
 from estimator_bf16 import wrappers
 
 GiB = 2**30
@@ -299,8 +301,12 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
       model_fn, precision, params, gradient_accumulation_steps, recompute,
       wrap_precision=network_fn is None)
 
-  builds = [_build(builder, features, labels, precision, b)
-            for b in batch_sizes]
+  builds = []
+  # One segmentation for both builds, so that their tensors correspond.
+  with recompute_lib.same_cuts() as next_build:
+    for batch in batch_sizes:
+      next_build()
+      builds.append(_build(builder, features, labels, precision, batch))
   (b1, build1), (b2, build2) = zip(batch_sizes, builds)
   sizes = _linear_sizes(build1, build2, b1, b2)
   if sizes is None:
@@ -471,30 +477,43 @@ def _build(builder, features, labels, precision, batch_size):
 def _optimized(build):
   """`build` with its graph as grappler rewrites it for a session.
 
-  The variable byte counts stay those of the graph as built. If grappler
-  fails on the graph (an op it cannot handle), the graph as built is
-  planned, which overestimates (see the module docstring), and a warning
-  says so.
+  The variable byte counts stay those of the graph as built. Grappler's
+  remapper (the pass that fuses matmul + bias) fails outright on some
+  graphs when run offline, as here, without a session's devices (seen on
+  BERT-base with recompute's copies); the graph is then optimized without
+  that pass, which counts each unfused bias add's output separately. If
+  grappler still fails, the graph as built is planned, which overestimates
+  (see the module docstring). A warning says which.
   """
   meta_graph = meta_graph_pb2.MetaGraphDef()
   meta_graph.graph_def.CopyFrom(build.graph.as_graph_def())
   # Grappler keeps what the fetches need, named in this collection.
   meta_graph.collection_def['train_op'].node_list.value.extend(
       op.name for op in build.fetches)
-  try:
-    graph_def = tf_optimizer.OptimizeGraph(
-        config_pb2.ConfigProto(), meta_graph, verbose=False)
-    graph = tf.Graph()
-    with graph.as_default():
-      tf.compat.v1.import_graph_def(graph_def, name='')
-    fetches = tuple(graph.get_operation_by_name(op.name)
-                    for op in build.fetches)
-  except (tf.errors.OpError, ValueError, KeyError) as e:
-    logging.warning('Memory planner: TensorFlow\'s graph optimizer failed '
-                    '(%s); planning the graph as built, which overestimates '
-                    'the peak.', e)
-    return build
-  return dataclasses.replace(build, graph=graph, fetches=fetches)
+  config = config_pb2.ConfigProto()
+  for attempt in ('all passes', 'without the remapper'):
+    if attempt == 'without the remapper':
+      config.graph_options.rewrite_options.remapping = (
+          rewriter_config_pb2.RewriterConfig.OFF)
+    try:
+      graph_def = tf_optimizer.OptimizeGraph(config, meta_graph,
+                                             verbose=False)
+      graph = tf.Graph()
+      with graph.as_default():
+        tf.compat.v1.import_graph_def(graph_def, name='')
+      fetches = tuple(graph.get_operation_by_name(op.name)
+                      for op in build.fetches)
+    except (tf.errors.OpError, ValueError, KeyError, RuntimeError) as e:
+      failure = e
+      continue
+    if attempt != 'all passes':
+      logging.warning('Memory planner: TensorFlow\'s graph optimizer failed '
+                      'with all passes (%s); planned %s.', failure, attempt)
+    return dataclasses.replace(build, graph=graph, fetches=fetches)
+  logging.warning('Memory planner: TensorFlow\'s graph optimizer failed '
+                  '(%s); planning the graph as built, which overestimates '
+                  'the peak.', failure)
+  return build
 
 
 def _tensor_bytes(tensor):

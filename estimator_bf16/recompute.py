@@ -73,7 +73,9 @@ TPU; the measurements are from the CPU allocator
 """
 
 import collections
+import contextlib
 import math
+import threading
 
 from absl import logging
 import tensorflow as tf
@@ -102,6 +104,52 @@ _FUSED_CONSUMERS = frozenset([
     'BiasAdd', 'BiasAddV1', 'Add', 'AddV2', 'Relu', 'Relu6', 'Elu',
     'LeakyRelu', 'Selu', 'Tanh', 'Sigmoid', 'FusedBatchNorm',
     'FusedBatchNormV2', 'FusedBatchNormV3', 'Mul'])
+
+
+class _Local(threading.local):
+  """Per thread: the cuts of earlier builds, while `same_cuts` is active."""
+
+  def __init__(self):
+    super().__init__()
+    self.recorded = None  # list of cut lists, in call order
+    self.position = 0
+
+  def cuts(self, choose):
+    if self.recorded is None:
+      return choose()
+    if self.position == len(self.recorded):
+      self.recorded.append(choose())
+    cuts = self.recorded[self.position]
+    self.position += 1
+    return cuts
+
+
+_LOCAL = _Local()
+
+
+@contextlib.contextmanager
+def same_cuts():
+  """Builds of one graph at several batch sizes get the same segments.
+
+  The cuts balance bytes, and the bytes of activations grow with the batch
+  while those of weights do not, so two batch sizes can cut one network in
+  different places. The memory planner builds a step at two batch sizes
+  and compares them tensor by tensor; inside this block the gradient calls
+  of every build after the first reuse, in order, the cuts the first made.
+
+  Yields:
+    A function to call before each build after the first.
+  """
+  previous = (_LOCAL.recorded, _LOCAL.position)
+  _LOCAL.recorded, _LOCAL.position = [], 0
+
+  def next_build():
+    _LOCAL.position = 0
+
+  try:
+    yield next_build
+  finally:
+    _LOCAL.recorded, _LOCAL.position = previous
 
 
 def _is_resource_variable(value):
@@ -524,7 +572,7 @@ def _recompute_gradients(graph, ys, xs, grad_ys, segments, name, kwargs,
   x_tensors = [_x_tensor(x) for x in xs]
   path = _path_ops(ys, x_tensors, stop_tensors)
   kept = _classify(path, x_tensors)
-  cuts = _choose_cuts(path, kept, segments)
+  cuts = _LOCAL.cuts(lambda: _choose_cuts(path, kept, segments))
   bounds = [0] + cuts + [len(path)]
   chunks = [path[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
   # The last segment is not recomputed, so only earlier ones save memory.
