@@ -1,7 +1,8 @@
 """What the benchmark measures: the models, their sizes and the run lengths.
 
 Both modes train models whose activations, not weights, fill the memory:
-`quick_config()` (under 15 minutes on a 2-core CPU) runs ResNet-50 on
+`quick_config()` (under 15 minutes on a 2-core CPU, plus about 20 for
+the memory levers) runs ResNet-50 on
 224x224 images and BERT-base at 128 tokens, batch 32, and the MNIST MLP,
 with few steps and short timing windows; `full_config()` runs the same
 models with longer windows, more memory rounds and the largest-batch
@@ -229,7 +230,7 @@ def _full_models():
 
 
 def quick_config():
-  """Under 15 minutes on a 2-core CPU: the full sizes, few steps."""
+  """Under 15 minutes on a 2-core CPU (and 20 for the levers): full sizes."""
   return BenchmarkConfig(
       mode='quick', models=_quick_models(),
       # One-step windows for ResNet-50 and BERT-base (seconds per step

@@ -37,13 +37,14 @@ def parse_args(argv=None):
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument('--quick', action='store_true',
                       help='Full-size ResNet-50 and BERT-base, short runs '
-                      '(under 15 minutes on 2 cores).')
+                      '(under 15 minutes on 2 cores, plus about 20 for the '
+                      'levers section).')
   parser.add_argument('--out', required=True,
                       help='Directory for results.json, results.md, PNG.')
   parser.add_argument('--sections', default='all',
                       help='Comma-separated subset of: kernels, models, '
                       'tpu_plans, overhead, build_overhead, keras, '
-                      'adafactor, convergence.')
+                      'adafactor, convergence, scaling, levers.')
   parser.add_argument('--time_emulated', action='store_true',
                       help='On a CPU without native bfloat16, time as many '
                       'windows as on a native one. By default each model '
