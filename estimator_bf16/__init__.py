@@ -31,6 +31,7 @@ from estimator_bf16.casting import cast_features
 from estimator_bf16.casting import to_float32
 from estimator_bf16.cpu import native_bfloat16
 from estimator_bf16.estimator import make_tpu_estimator
+from estimator_bf16.fit import choose_levers
 from estimator_bf16.guards import guard_model_fn
 from estimator_bf16.guards import NumericGuardError
 from estimator_bf16.memory_planner import memory_plan
@@ -64,6 +65,7 @@ __all__ = [
     'build_network',
     'cast_features',
     'check_graph',
+    'choose_levers',
     'compat',
     'compute_dtype',
     'float32_ops',

@@ -1,0 +1,298 @@
+"""Fitting a batch to a memory budget: which levers, decided before running.
+
+    result = eb.choose_levers(model_fn, features=..., labels=...,
+                              batch_per_core=256,
+                              budget_bytes=fit.device_bytes('tpu-v2'))
+    result.chosen   # the cheapest Option that fits, or None
+
+Every combination of the levers is planned from the memory planner's plans
+of the program's own training step: the precision, gradient accumulation K
+over the divisors of the per-core batch (micro-batches stay whole), and
+recompute on or off. Each combination gets its planned peak per core and an
+estimated step time relative to plain bfloat16 (`COSTS`), and the cheapest
+one within the budget is chosen. Adafactor is advice only: it changes the
+user's optimizer.
+"""
+
+import dataclasses
+import re
+from typing import Optional, Tuple
+
+from estimator_bf16 import precision as precision_lib
+
+MiB = 2**20
+GiB = 2**30
+
+# High-bandwidth memory of one TPU core (v2, v3: two cores a chip) or chip
+# (v4, v5p: one megacore; v5e: one core), from Google Cloud's TPU version
+# pages (cloud.google.com/tpu/docs/v2, /v3, /v4, /v5e, /v5p): v2 16 GiB and
+# v3 32 GiB a chip, v4 32 GiB, v5e 16 GiB, v5p 95 GiB a chip.
+DEVICE_BYTES = {
+    'tpu-v2': 8 * GiB,
+    'tpu-v3': 16 * GiB,
+    'tpu-v4': 32 * GiB,
+    'tpu-v5e': 16 * GiB,
+    'tpu-v5p': 95 * GiB,
+}
+
+# Step time per example relative to plain bfloat16: the cost model, with
+# constants measured by the benchmark (scripts/benchmark.py, 2026-11-25/26,
+# a 2-core AMD EPYC with AVX512-BF16, TensorFlow 2.15.1):
+#   float32: bfloat16 ran 1.72x (BERT-base) and 1.66x (ResNet-50) faster;
+#   recompute: 1.18x (BERT-base, batch 64) and 1.23x (ResNet-50, batch 32)
+#     the step time, about one more forward pass;
+#   accumulation: 1.00x (BERT-base) and 1.02x (ResNet-50) the micro-batch's
+#     examples/s: about free per example.
+COSTS = {'float32': 1.7, 'recompute': 1.2, 'accumulation': 1.0}
+
+_SIZE = re.compile(r'^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?'
+                   r'\s*$')
+_UNITS = {None: 1, 'B': 1, 'KiB': 2**10, 'MiB': MiB, 'GiB': GiB,
+          'TiB': 2**40, 'KB': 10**3, 'MB': 10**6, 'GB': 10**9, 'TB': 10**12}
+
+
+def parse_size(text):
+  """Bytes in `text`: '8589934592', '512MiB', '8GiB', '1.5GB'.
+
+  Raises:
+    ValueError: not a size, naming the forms accepted.
+  """
+  match = _SIZE.match(str(text))
+  if not match:
+    raise ValueError('%r is not a size: give bytes (8589934592) or a number '
+                     'with a unit: B, KiB, MiB, GiB, TiB (powers of 2) or KB, '
+                     'MB, GB, TB (powers of 10), e.g. 512MiB or 8GiB.' %
+                     (text,))
+  value = float(match.group(1)) * _UNITS[match.group(2)]
+  if value < 1:
+    raise ValueError('%r is not a positive size.' % (text,))
+  return int(value)
+
+
+def device_bytes(device):
+  """Memory of one core or chip of `device` (a key of `DEVICE_BYTES`).
+
+  Raises:
+    ValueError: an unknown device, listing the choices.
+  """
+  if device not in DEVICE_BYTES:
+    raise ValueError('Unknown device %r; choose one of %s.' %
+                     (device, ', '.join(DEVICE_BYTES)))
+  return DEVICE_BYTES[device]
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """One combination of levers for the program's per-core batch.
+
+  Attributes:
+    precision: 'float32' or 'bfloat16'.
+    gradient_accumulation_steps: K.
+    recompute: bool.
+    micro_batch: examples per micro-step per core (batch / K).
+    planned_bytes: the planner's peak per core.
+    cost: estimated time per example relative to plain bfloat16 (`COSTS`).
+    fits: planned_bytes <= the budget.
+  """
+  precision: str
+  gradient_accumulation_steps: int
+  recompute: bool
+  micro_batch: int
+  planned_bytes: int
+  cost: float
+  fits: bool
+
+  @property
+  def levers(self):
+    """The JSON-ready levers of this option."""
+    return {'precision': self.precision,
+            'gradient_accumulation_steps': self.gradient_accumulation_steps,
+            'recompute': self.recompute}
+
+  def describe(self):
+    parts = [self.precision]
+    if self.gradient_accumulation_steps > 1:
+      parts.append('accumulate %d x %d' % (self.gradient_accumulation_steps,
+                                           self.micro_batch))
+    if self.recompute:
+      parts.append('recompute')
+    return ' + '.join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+  """Every option, and the chosen one.
+
+  Attributes:
+    batch_per_core: the batch of one update per core.
+    budget_bytes: the memory of one core.
+    options: every `Option`, in table order.
+    chosen: the cheapest fitting option, or None if nothing fits.
+  """
+  batch_per_core: int
+  budget_bytes: int
+  options: Tuple[Option, ...]
+  chosen: Optional[Option]
+
+
+def divisors(batch):
+  """K values that keep the micro-batch whole: the divisors of `batch`."""
+  return [k for k in range(1, batch + 1) if batch % k == 0]
+
+
+def _cost(precision, steps, recompute):
+  cost = COSTS['float32'] if precision == 'float32' else 1.0
+  if recompute:
+    cost *= COSTS['recompute']
+  if steps > 1:
+    cost *= COSTS['accumulation']
+  return cost
+
+
+def fit(plans, batch_per_core, budget_bytes):
+  """Plans every lever combination for `batch_per_core`; picks one.
+
+  Args:
+    plans: {(precision, recompute): `MemoryPlan`} built without
+      accumulation (see `lever_plans`); accumulation is planned from them:
+      the micro-batch's step plus one float32 copy of the trainable
+      variables (the accumulators).
+    batch_per_core: int, examples per update per core.
+    budget_bytes: int, memory of one core.
+
+  Returns:
+    A `FitResult`. The choice is the lowest cost that fits; among equal
+    costs, the fewest levers (no accumulation before accumulation), then
+    the largest micro-batch (fewest micro-steps), then the lowest peak.
+
+  Raises:
+    ValueError: a batch or budget that is not a positive integer.
+  """
+  for name, value in (('batch_per_core', batch_per_core),
+                      ('budget_bytes', budget_bytes)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError('%s must be a positive integer, got %r.' %
+                       (name, value))
+  options = []
+  for (precision, recompute), plan in sorted(
+      plans.items(), key=lambda item: (
+          precision_lib.PRECISIONS.index(item[0][0]), item[0][1])):
+    for steps in divisors(batch_per_core):
+      micro = batch_per_core // steps
+      planned = plan.step_bytes(micro)
+      if steps > 1:
+        planned += plan.parameter_bytes
+      options.append(Option(
+          precision=precision, gradient_accumulation_steps=steps,
+          recompute=recompute, micro_batch=micro, planned_bytes=planned,
+          cost=_cost(precision, steps, recompute),
+          fits=planned <= budget_bytes))
+  fitting = [o for o in options if o.fits]
+  chosen = min(fitting, key=lambda o: (
+      o.cost, o.gradient_accumulation_steps > 1, o.recompute,
+      o.gradient_accumulation_steps, o.planned_bytes)) if fitting else None
+  return FitResult(batch_per_core=batch_per_core, budget_bytes=budget_bytes,
+                   options=tuple(options), chosen=chosen)
+
+
+def lever_plans(model_fn, *, features, labels, params=None,
+                precisions=precision_lib.PRECISIONS):
+  """The plans `fit` needs: each precision with and without recompute.
+
+  Args:
+    model_fn, features, labels, params: as for `eb.memory_plan`.
+    precisions: the precisions to plan.
+
+  Returns:
+    {(precision, recompute): `MemoryPlan`}.
+  """
+  # Imported here: the planner imports TensorFlow-heavy modules, and the
+  # parsing above serves command lines before TensorFlow loads.
+  from estimator_bf16 import memory_planner  # pylint: disable=g-import-not-at-top
+  return {(precision, recompute): memory_planner.memory_plan(
+      model_fn, features=features, labels=labels, precision=precision,
+      params=params, recompute=recompute)
+          for precision in precisions for recompute in (False, True)}
+
+
+def choose_levers(model_fn, *, features, labels, batch_per_core,
+                  budget_bytes, params=None):
+  """The cheapest levers under which `model_fn` trains `batch_per_core`.
+
+  For programs that decide in code: plans the model_fn's own step
+  (`lever_plans`) and returns `fit`'s `FitResult`; `.chosen` is None when
+  nothing fits (then see `model_parallel_lines`).
+
+  Args:
+    model_fn: a legacy model_fn (its own optimizer).
+    features, labels: specs of one example, as for `eb.memory_plan`.
+    batch_per_core: int, examples per update per core.
+    budget_bytes: int, memory of one core (`device_bytes`, `parse_size`).
+    params: extra params for model_fn.
+  """
+  plans = lever_plans(model_fn, features=features, labels=labels,
+                      params=params)
+  return fit(plans, batch_per_core, budget_bytes)
+
+
+def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8)):
+  """Advice when even one example per core does not fit.
+
+  The model of the split: with `num_cores_per_replica=N` each core holds
+  1/N of the weights, optimizer state and activations (layers or tensors
+  split evenly) and the batch-independent transient part; that is the best
+  case, which real partitionings approach for large layers.
+
+  Args:
+    plan: the best `MemoryPlan` (bfloat16 with recompute).
+    budget_bytes: memory of one core.
+    cores: cores per replica to plan.
+
+  Returns:
+    list of str.
+  """
+  one = plan.step_bytes(1)
+  lines = ['Even one example per core needs %.0f MiB with bfloat16 and '
+           'recompute, over the %.0f MiB budget.' % (one / MiB,
+                                                     budget_bytes / MiB)]
+  if plan.persistent_bytes > budget_bytes:
+    lines.append('The weights and optimizer state alone take %.0f MiB '
+                 '(slots %.0f MiB): Adafactor keeps rows + columns per '
+                 'matrix instead of two full copies.' %
+                 (plan.persistent_bytes / MiB, plan.slot_bytes / MiB))
+  for count in cores:
+    lines.append('num_cores_per_replica=%d (with computation_shape): about '
+                 '%.0f MiB per core at one example.' % (count,
+                                                        one / count / MiB))
+  lines.append('Image models can also split each image over cores: '
+               'input_partition_dims (spatial partitioning).')
+  return lines
+
+
+def table_lines(result, limit=None):
+  """The options as a text table, the chosen one marked with '*'."""
+  header = '%-2s %-9s %5s %6s %9s %11s %6s %4s' % (
+      '', 'precision', 'K', 'micro', 'recompute', 'planned MiB', 'cost',
+      'fits')
+  lines = [header, '-' * len(header)]
+  shown = result.options if limit is None else result.options[:limit]
+  for option in shown:
+    lines.append('%-2s %-9s %5d %6d %9s %11.0f %6.2f %4s' % (
+        '*' if option == result.chosen else '', option.precision,
+        option.gradient_accumulation_steps, option.micro_batch,
+        'on' if option.recompute else 'off', option.planned_bytes / MiB,
+        option.cost, 'yes' if option.fits else 'no'))
+  return lines
+
+
+def report_dict(result):
+  """JSON-ready summary of a `FitResult` (`--report`)."""
+  chosen = result.chosen
+  return {
+      'budget_bytes': result.budget_bytes,
+      'batch_per_core': result.batch_per_core,
+      'planned_peak_bytes': chosen.planned_bytes if chosen else None,
+      'levers': chosen.levers if chosen else None,
+      'options': [dict(dataclasses.asdict(o)) for o in result.options],
+  }
+
