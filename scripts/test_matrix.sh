@@ -36,7 +36,7 @@ TF_LATEST_DEFAULT=(
   tests/test_cpu.py tests/test_distribute.py tests/test_multi_worker.py
   tests/test_gelu_gradient.py tests/test_step_deadline.py tests/test_tf1.py
   tests/test_quiet.py tests/test_progress.py tests/test_accumulation.py
-  tests/test_recompute.py
+  tests/test_recompute.py tests/test_fit.py
 )
 TF_LATEST_DESELECT=()
 
