@@ -71,6 +71,20 @@ def build_parser():
                          help='recompute activations during backprop instead '
                          'of keeping them: a lower peak for about one more '
                          'forward pass')
+    command.add_argument('--report', metavar='PATH',
+                         help='also write the exit report as JSON to PATH')
+    if name == 'check':
+      command.add_argument('--fit', action='store_true',
+                           help='plan every combination of precision, '
+                           '--accumulate and --recompute for the batch, '
+                           'mark the cheapest that fits --device or '
+                           '--memory_budget; exit 1 if none does')
+      command.add_argument('--device', metavar='DEVICE',
+                           help='with --fit: the memory of one core or chip '
+                           'of tpu-v2, tpu-v3, tpu-v4, tpu-v5e or tpu-v5p')
+      command.add_argument('--memory_budget', metavar='SIZE',
+                           help='with --fit: memory per core, in bytes or '
+                           'e.g. 512MiB, 8GiB')
     if name == 'run':
       command.add_argument('--memory', action='store_true',
                            help='measure the peak memory of a training step')
@@ -115,6 +129,40 @@ def _misplaced_options(args, program_flags):
   return found
 
 
+def _fit_budget(args):
+  """The --fit budget in bytes, or the one-line reason it is not valid."""
+  # pylint: disable=g-import-not-at-top
+  from estimator_bf16 import fit
+  # pylint: enable=g-import-not-at-top
+  if not args.fit:
+    return '--device and --memory_budget go with --fit.'
+  if (args.device is None) == (args.memory_budget is None):
+    return ('--fit needs exactly one of --device (%s) and --memory_budget '
+            '(e.g. 8GiB).' % ', '.join(fit.DEVICE_BYTES))
+  if args.accumulate != 1 or args.recompute:
+    return ('--fit chooses --accumulate and --recompute itself; drop them, '
+            'or drop --fit to check the levers you give.')
+  try:
+    if args.device is not None:
+      return fit.device_bytes(args.device)
+    return fit.parse_size(args.memory_budget)
+  except ValueError as e:
+    return '--%s: %s' % ('device' if args.device else 'memory_budget', e)
+
+
+def _write_report(path, data):
+  """Writes `data` as JSON to `path`; returns an error line or None."""
+  # pylint: disable=g-import-not-at-top
+  import json
+  # pylint: enable=g-import-not-at-top
+  try:
+    with open(path, 'w') as out:
+      json.dump(data, out, indent=2, sort_keys=True)
+  except OSError as e:
+    return '--report %s: %s' % (path, e.strerror or e)
+  return None
+
+
 def _set_environment(args):
   if _tensorflow_version() >= (2, 16):
     os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
@@ -143,6 +191,12 @@ def main(argv=None):
   if args.accumulate < 1:
     return _error('--accumulate must be an integer >= 1 (micro-batches per '
                   'update), got %d.' % args.accumulate)
+  budget = None
+  if getattr(args, 'fit', False) or getattr(args, 'device', None) or (
+      getattr(args, 'memory_budget', None)):
+    budget = _fit_budget(args)
+    if isinstance(budget, str):
+      return _error(budget)
   if not os.path.isfile(args.program):
     return _error('%s: no such file (give the Python program to run).' %
                   args.program)
@@ -154,6 +208,18 @@ def main(argv=None):
   from estimator_bf16 import runner
   # pylint: enable=g-import-not-at-top
   check = args.command == 'check'
+  plan_fn = None
+  if budget is not None:
+    # --precision=float32 wins over the fit: only float32 is considered.
+    precisions = (('float32',) if args.precision == 'float32' else
+                  ('float32', 'bfloat16'))
+    plan_fn = functools.partial(run_report.fit_plans, budget_bytes=budget,
+                                precisions=precisions)
+  elif check:
+    plan_fn = functools.partial(
+        run_report.memory_plans,
+        gradient_accumulation_steps=args.accumulate,
+        recompute=args.recompute)
   try:
     result = runner.run_program(
         args.program, args.program_args, precision=args.precision,
@@ -162,16 +228,19 @@ def main(argv=None):
         tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
         gradient_accumulation_steps=args.accumulate,
         recompute=args.recompute,
-        plan_fn=functools.partial(
-            run_report.memory_plans,
-            gradient_accumulation_steps=args.accumulate,
-            recompute=args.recompute) if check else None)
+        plan_fn=plan_fn)
   except runner.ProgramError as e:
     return _error(str(e))
   sys.stdout.flush()
+  if args.report:
+    error = _write_report(args.report,
+                          run_report.report_json(result, budget))
+    if error:
+      print('estimator_bf16: error: %s' % error, file=sys.stderr)
   if check:
     print(run_report.format_check_report(result), end='', flush=True)
-    return 0 if run_report.check_passed(result) else EXIT_CHECK_FAILED
+    passed = run_report.check_passed(result) and run_report.fit_passed(result)
+    return 0 if passed else EXIT_CHECK_FAILED
   # After the program's own output, on stderr: the program's stdout stays
   # what it would be without the runner.
   print(run_report.format_run_report(result), end='', file=sys.stderr,

@@ -128,11 +128,13 @@ class FitResult:
     budget_bytes: the memory of one core.
     options: every `Option`, in table order.
     chosen: the cheapest fitting option, or None if nothing fits.
+    plans: the {(precision, recompute): MemoryPlan} planned from.
   """
   batch_per_core: int
   budget_bytes: int
   options: Tuple[Option, ...]
   chosen: Optional[Option]
+  plans: Optional[dict] = None
 
 
 def divisors(batch):
@@ -192,7 +194,7 @@ def fit(plans, batch_per_core, budget_bytes):
       o.cost, o.gradient_accumulation_steps > 1, o.recompute,
       o.gradient_accumulation_steps, o.planned_bytes)) if fitting else None
   return FitResult(batch_per_core=batch_per_core, budget_bytes=budget_bytes,
-                   options=tuple(options), chosen=chosen)
+                   options=tuple(options), chosen=chosen, plans=dict(plans))
 
 
 def lever_plans(model_fn, *, features, labels, params=None,
@@ -244,7 +246,7 @@ def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8)):
   case, which real partitionings approach for large layers.
 
   Args:
-    plan: the best `MemoryPlan` (bfloat16 with recompute).
+    plan: the smallest `MemoryPlan` (usually bfloat16 with recompute).
     budget_bytes: memory of one core.
     cores: cores per replica to plan.
 
@@ -252,9 +254,9 @@ def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8)):
     list of str.
   """
   one = plan.step_bytes(1)
-  lines = ['Even one example per core needs %.0f MiB with bfloat16 and '
-           'recompute, over the %.0f MiB budget.' % (one / MiB,
-                                                     budget_bytes / MiB)]
+  lines = ['Even one example per core needs %.1f MiB with the smallest '
+           'plan, over the %.1f MiB budget.' % (one / MiB,
+                                                budget_bytes / MiB)]
   if plan.persistent_bytes > budget_bytes:
     lines.append('The weights and optimizer state alone take %.0f MiB '
                  '(slots %.0f MiB): Adafactor keeps rows + columns per '
@@ -262,7 +264,7 @@ def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8)):
                  (plan.persistent_bytes / MiB, plan.slot_bytes / MiB))
   for count in cores:
     lines.append('num_cores_per_replica=%d (with computation_shape): about '
-                 '%.0f MiB per core at one example.' % (count,
+                 '%.1f MiB per core at one example.' % (count,
                                                         one / count / MiB))
   lines.append('Image models can also split each image over cores: '
                'input_partition_dims (spatial partitioning).')
@@ -277,7 +279,7 @@ def table_lines(result, limit=None):
   lines = [header, '-' * len(header)]
   shown = result.options if limit is None else result.options[:limit]
   for option in shown:
-    lines.append('%-2s %-9s %5d %6d %9s %11.0f %6.2f %4s' % (
+    lines.append('%-2s %-9s %5d %6d %9s %11.1f %6.2f %4s' % (
         '*' if option == result.chosen else '', option.precision,
         option.gradient_accumulation_steps, option.micro_batch,
         'on' if option.recompute else 'off', option.planned_bytes / MiB,

@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 import estimator_bf16 as eb
+from estimator_bf16 import fit as fit_lib
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
 MiB = 2.0**20
@@ -119,6 +120,96 @@ def levers_line(result):
   return 'memory levers: %s' % ('; '.join(parts) or 'none')
 
 
+def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS):
+  """`check --fit`: every lever combination for the program's batch.
+
+  Args:
+    train_graph: a `runner.TrainGraph`; its static batch is the per-core
+      batch of one update.
+    budget_bytes: memory of one core.
+    precisions: the precisions to consider (`--precision=float32` keeps
+      float32 only).
+
+  Returns:
+    An `estimator_bf16.fit.FitResult`.
+
+  Raises:
+    ValueError: the TRAIN graph's batch is not static.
+  """
+  if not train_graph.batch_size:
+    raise ValueError('the TRAIN graph has no static batch size to fit; '
+                     'batch with drop_remainder=True.')
+  plans = fit_lib.lever_plans(train_graph.model_fn,
+                              features=train_graph.features,
+                              labels=train_graph.labels,
+                              params=train_graph.params,
+                              precisions=precisions)
+  return fit_lib.fit(plans, train_graph.batch_size, budget_bytes)
+
+
+def fit_lines(result):
+  """The `check --fit` table, the choice, or the advice when none fits."""
+  lines = ['fit: batch %d per core in %.0f MiB; every combination of the '
+           'levers, planned (cost = time per example relative to plain '
+           'bfloat16, from the benchmark):' % (
+               result.batch_per_core, result.budget_bytes / MiB)]
+  lines += fit_lib.table_lines(result)
+  if result.chosen is not None:
+    lines.append('chosen: %s, planned %.1f MiB of %.1f MiB (cost %.2f).' % (
+        result.chosen.describe(), result.chosen.planned_bytes / MiB,
+        result.budget_bytes / MiB, result.chosen.cost))
+  else:
+    best = min(result.options, key=lambda o: o.planned_bytes)
+    lines.append('nothing fits: the smallest plan, %s, needs %.1f MiB.' % (
+        best.describe(), best.planned_bytes / MiB))
+    smallest = min(result.plans.values(), key=lambda p: p.step_bytes(1))
+    lines += fit_lib.model_parallel_lines(smallest, result.budget_bytes)
+  lines.append('Adafactor (advice: it changes your optimizer) keeps rows + '
+               'columns of each matrix instead of two full Adam slots.')
+  return lines
+
+
+def fit_passed(result):
+  """True unless `check --fit` found nothing that fits."""
+  return not (isinstance(result.plans, fit_lib.FitResult) and
+              result.plans.chosen is None)
+
+
+def report_json(result, budget_bytes=None):
+  """The exit report as JSON-ready data (`--report=PATH`).
+
+  Keys: 'program', 'precision', 'exit_code', 'peak_step_bytes' (measured
+  with --memory, else None), 'planned_peak_bytes' and 'budget_bytes' (from
+  `check --fit`, else None), 'bfloat16_flop_share' (of the last TRAIN
+  graph, None without one), 'levers' ({'precision',
+  'gradient_accumulation_steps', 'recompute'}: the run's, or with `check
+  --fit` the chosen ones), 'problems' (audit), and with `--fit` 'fit'
+  (every option).
+  """
+  fitted = result.plans if isinstance(result.plans,
+                                      fit_lib.FitResult) else None
+  levers = {'precision': result.precision,
+            'gradient_accumulation_steps': result.gradient_accumulation_steps,
+            'recompute': result.recompute}
+  data = {
+      'program': result.program, 'precision': result.precision,
+      'exit_code': result.exit_code,
+      'peak_step_bytes': result.peak_bytes or None,
+      'planned_peak_bytes': None, 'budget_bytes': budget_bytes,
+      'bfloat16_flop_share': (result.reports[-1].bfloat16_flop_share
+                              if result.reports else None),
+      'levers': levers, 'problems': list(result.problems),
+  }
+  if fitted is not None:
+    summary = fit_lib.report_dict(fitted)
+    data['fit'] = summary
+    data['budget_bytes'] = fitted.budget_bytes
+    data['planned_peak_bytes'] = summary['planned_peak_bytes']
+    if summary['levers'] is not None:
+      data['levers'] = summary['levers']
+  return data
+
+
 def format_run_report(result):
   """The report `run` prints when the program ends.
 
@@ -204,7 +295,9 @@ def format_check_report(result):
   lines.append(_flop_line(result.reports))
   lines += _problem_lines(result.problems)
   lines.append('')
-  if result.plans:
+  if isinstance(result.plans, fit_lib.FitResult):
+    lines += fit_lines(result.plans)
+  elif result.plans:
     lines.append('memory plan: largest batch per TPU core (v2: 8 GiB, v3: 16 '
                  'GiB HBM), for one training step')
     lines += _plan_table(result.plans)

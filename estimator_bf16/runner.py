@@ -125,7 +125,8 @@ class RunResult:
       0 if not measured.
     local_resolvers: how many empty-name TPU resolvers got the stand-in.
     train_graph: in check mode, the first TRAIN graph (None if none built).
-    plans: in check mode, {(precision, optimizer): MemoryPlan}.
+    plans: in check mode, what `plan_fn` returned: {(precision, optimizer):
+      MemoryPlan}, or with `check --fit` an `estimator_bf16.fit.FitResult`.
     plan_error: why the plans are missing, if they are.
     error: the exception that ended the program, formatted, if any.
     stopped_by: the signal that stopped training and ended the program
@@ -151,7 +152,7 @@ class RunResult:
   peak_bytes: int = 0
   local_resolvers: int = 0
   train_graph: Optional[TrainGraph] = None
-  plans: dict = dataclasses.field(default_factory=dict)
+  plans: Any = dataclasses.field(default_factory=dict)
   plan_error: Optional[str] = None
   error: Optional[str] = None
   stopped_by: Optional[str] = None

@@ -1,5 +1,9 @@
 """Fitting a batch to a budget: the table's choice on plans whose numbers are known."""
 
+import json
+import os
+import re
+
 from absl.testing import parameterized
 import tensorflow as tf
 
@@ -7,6 +11,7 @@ import estimator_bf16 as eb
 from estimator_bf16 import fit
 from estimator_bf16 import memory_planner
 from tests import legacy_model
+from tests import test_runner
 
 MiB = fit.MiB
 
@@ -128,6 +133,106 @@ class ChooseLeversTest(tf.test.TestCase):
     self.assertLessEqual(tight.chosen.planned_bytes, budget)
     self.assertTrue(tight.chosen.gradient_accumulation_steps > 1 or
                     tight.chosen.recompute)
+
+
+_PROGRAM = 'tests/tf1_programs/bert_style/tf1_run_classifier.py'
+
+
+def _cli(*args):
+  return test_runner._cli(*args)  # pylint: disable=protected-access
+
+
+class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
+  """`check --fit` on the bert-style TF 1.x program (batch 32)."""
+
+  def test_the_choice_and_its_json_agree(self):
+    report = os.path.join(self.create_tempdir().full_path, 'fit.json')
+    proc = _cli('check', '--fit', '--memory_budget=1MiB',
+                '--report=' + report, _PROGRAM,
+                '--output_dir=' + self.create_tempdir().full_path)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    chosen = re.search(r'^chosen: (.*), planned ([\d.]+) MiB of ([\d.]+) MiB',
+                       proc.stdout, re.M)
+    self.assertIsNotNone(chosen, proc.stdout)
+    with open(report) as f:
+      data = json.load(f)
+    self.assertEqual(data['budget_bytes'], 2**20)
+    self.assertAlmostEqual(data['planned_peak_bytes'] / 2**20,
+                           float(chosen.group(2)), places=1)
+    self.assertLessEqual(data['planned_peak_bytes'], data['budget_bytes'])
+    levers = data['levers']
+    self.assertEqual(set(levers), {'precision', 'gradient_accumulation_steps',
+                                   'recompute'})
+    self.assertTrue(chosen.group(1).startswith(levers['precision']))
+    self.assertEqual('accumulate %d x' % levers['gradient_accumulation_steps']
+                     in chosen.group(1),
+                     levers['gradient_accumulation_steps'] > 1)
+    self.assertEqual(data['bfloat16_flop_share'], 1.0)
+    self.assertIsNone(data['peak_step_bytes'])
+    self.assertLen(data['fit']['options'], 24)  # 2 x 2 x divisors of 32
+
+  def test_an_impossible_budget_exits_1_with_model_parallel_advice(self):
+    proc = _cli('check', '--fit', '--memory_budget=100KiB', _PROGRAM,
+                '--output_dir=' + self.create_tempdir().full_path)
+    self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
+    self.assertIn('nothing fits', proc.stdout)
+    self.assertIn('num_cores_per_replica=2', proc.stdout)
+    self.assertIn('input_partition_dims', proc.stdout)
+
+  def test_precision_float32_wins_over_the_fit(self):
+    proc = _cli('check', '--fit', '--device=tpu-v2', '--precision=float32',
+                _PROGRAM, '--output_dir=' + self.create_tempdir().full_path)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    rows = [line for line in proc.stdout.splitlines()
+            if re.match(r'^\*?\s+(float32|bfloat16)\s+\d', line)]
+    self.assertNotEmpty(rows)
+    self.assertTrue(all('float32' in row for row in rows), rows)
+
+  @parameterized.named_parameters(
+      ('unknown_device', ['--fit', '--device=tpu-v9'], 'tpu-v2, tpu-v3'),
+      ('budget_not_a_size', ['--fit', '--memory_budget=lots'],
+       'is not a size'),
+      ('fit_with_accumulate', ['--fit', '--device=tpu-v2', '--accumulate=2'],
+       'chooses --accumulate'),
+      ('no_target', ['--fit'], 'exactly one of --device'),
+      ('device_without_fit', ['--device=tpu-v2'], 'go with --fit'))
+  def test_bad_input_exits_2_before_running(self, args, message):
+    proc = _cli('check', *args, _PROGRAM)
+    self.assertEqual(proc.returncode, 2)
+    self.assertIn(message, proc.stderr)
+
+
+class RunReportTest(tf.test.TestCase):
+
+  def test_run_report_json_matches_the_printed_report(self):
+    folder = self.create_tempdir().full_path
+    report = os.path.join(folder, 'run.json')
+    proc = _cli('run', '--memory', '--accumulate=2', '--report=' + report,
+                _PROGRAM, '--output_dir=' + folder, '--num_train_steps=4')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    with open(report) as f:
+      data = json.load(f)
+    peak = re.search(r'peak training-step memory .*: ([\d.]+) MiB',
+                     proc.stderr)
+    self.assertIsNotNone(peak, proc.stderr[-2000:])
+    self.assertAlmostEqual(data['peak_step_bytes'] / 2**20,
+                           float(peak.group(1)), places=1)
+    self.assertEqual(data['levers'], {'precision': 'bfloat16',
+                                      'gradient_accumulation_steps': 2,
+                                      'recompute': False})
+    self.assertEqual(data['exit_code'], 0)
+    self.assertIsNone(data['budget_bytes'])
+    self.assertIsNone(data['planned_peak_bytes'])
+    share = re.search(r'bfloat16 share of matmul/conv FLOPs: ([\d.]+)%',
+                      proc.stderr)
+    self.assertAlmostEqual(100 * data['bfloat16_flop_share'],
+                           float(share.group(1)), places=1)
+
+  def test_an_unwritable_report_is_one_line(self):
+    proc = _cli('check', '--report=/nonexistent/dir/r.json', _PROGRAM,
+                '--output_dir=' + self.create_tempdir().full_path)
+    self.assertIn('estimator_bf16: error: --report /nonexistent/dir/r.json: '
+                  'No such file or directory', proc.stderr)
 
 
 if __name__ == '__main__':
