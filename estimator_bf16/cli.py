@@ -174,8 +174,10 @@ def main(argv=None):
   """Runs the command line; returns the exit code.
 
   `run` returns the program's own exit code; `check` returns 0 when the
-  TRAIN graph was built without audit problems, 1 otherwise; a bad command
-  line (unknown precision, missing program) returns 2 before anything runs.
+  TRAIN graph was built without audit problems (and, with --fit, something
+  fits), 1 otherwise; a bad command line (unknown precision, missing
+  program, a bad --device or --memory_budget) returns 2 before anything
+  runs.
   """
   argv = sys.argv[1:] if argv is None else list(argv)
   try:
