@@ -18,22 +18,20 @@ import dataclasses
 import re
 from typing import Optional, Tuple
 
+from estimator_bf16 import memory_planner
 from estimator_bf16 import precision as precision_lib
 
 MiB = 2**20
-GiB = 2**30
+GiB = memory_planner.GiB
 
 # High-bandwidth memory of one TPU core (v2, v3: two cores a chip) or chip
 # (v4, v5p: one megacore; v5e: one core), from Google Cloud's TPU version
 # pages (cloud.google.com/tpu/docs/v2, /v3, /v4, /v5e, /v5p): v2 16 GiB and
-# v3 32 GiB a chip, v4 32 GiB, v5e 16 GiB, v5p 95 GiB a chip.
-DEVICE_BYTES = {
-    'tpu-v2': 8 * GiB,
-    'tpu-v3': 16 * GiB,
-    'tpu-v4': 32 * GiB,
-    'tpu-v5e': 16 * GiB,
-    'tpu-v5p': 95 * GiB,
-}
+# v3 32 GiB a chip, v4 32 GiB, v5e 16 GiB, v5p 95 GiB a chip. The v2 and v3
+# cores are the planner's own table.
+DEVICE_BYTES = dict(
+    [('tpu-' + name, size) for name, size in memory_planner.TPU_CORE_BYTES] +
+    [('tpu-v4', 32 * GiB), ('tpu-v5e', 16 * GiB), ('tpu-v5p', 95 * GiB)])
 
 # Step time per example relative to plain bfloat16: the cost model, with
 # constants measured by the benchmark (scripts/benchmark.py, 2026-11-25/26,
@@ -208,9 +206,6 @@ def lever_plans(model_fn, *, features, labels, params=None,
   Returns:
     {(precision, recompute): `MemoryPlan`}.
   """
-  # Imported here: the planner imports TensorFlow-heavy modules, and the
-  # parsing above serves command lines before TensorFlow loads.
-  from estimator_bf16 import memory_planner  # pylint: disable=g-import-not-at-top
   return {(precision, recompute): memory_planner.memory_plan(
       model_fn, features=features, labels=labels, precision=precision,
       params=params, recompute=recompute)
