@@ -10,8 +10,8 @@ its gradient runs. The step then holds the checkpoints plus one segment's
 activations instead of all of them, for about one more forward pass of
 compute:
 
-    grads = recompute.gradients_with_recompute(loss, tf.compat.v1.trainable_variables())
-    config = recompute.session_config_for_recompute()
+    grads = recompute.gradients_with_recompute(
+        loss, tf.compat.v1.trainable_variables())
 
 Why not `tf.recompute_grad`: in graph mode (TF1 sessions, TPUEstimator) it
 keeps every activation anyway and saves nothing (tensorflow#36981). Here the
@@ -57,12 +57,13 @@ that TensorFlow's CPU rewrites fuse (MatMul/Conv2D + BiasAdd, batch norm +
 Relu, and their gradients, e.g. Conv2DBackpropFilter + BiasAddGrad): the
 fused backward op would belong to two segments, one segment's recomputation
 would wait for itself, and the step failed with "Retval[i] does not have
-value" (seen with oneDNN on; not with TF_ENABLE_ONEDNN_OPTS=0). No cut is placed between such pairs. Each segment's
-recomputation waits for every gradient of the segment after it, not only
-the ones reaching its outputs: with one op at a time the executor otherwise
-leaves the `BiasAddGrad`s to the end of the step and their
-activation-sized inputs pile up (measured: no saving at all without it).
-`session_config_for_recompute` only turns off grappler's memory optimizer.
+value" (seen with oneDNN on; not with TF_ENABLE_ONEDNN_OPTS=0). No cut is
+placed between such pairs. Each segment's recomputation waits for every
+gradient of the segment after it, not only the ones reaching its outputs:
+with one op at a time the executor otherwise leaves the `BiasAddGrad`s to
+the end of the step and their activation-sized inputs pile up (measured: no saving at all without it).
+No session option is needed: the savings measured here (tests, benchmark)
+are with TensorFlow's default rewrites.
 
 On a TPU: XLA compiles the whole step and does its own rematerialisation,
 and its CSE may merge the copies with the originals (control dependencies
@@ -79,7 +80,6 @@ import threading
 
 from absl import logging
 import tensorflow as tf
-from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.ops import gradients_impl
 
 # Bytes an element of a dtype without a fixed size (strings, variants,
@@ -664,28 +664,3 @@ def _recompute_gradients(graph, ys, xs, grad_ys, segments, name, kwargs,
           result = tf.zeros_like(x)
       results.append(result)
   return results
-
-
-def session_config_for_recompute(config=None):
-  """A copy of `config` (or a new ConfigProto) safe for recomputed gradients.
-
-  Grappler's own memory optimizer swaps and recomputes activations by its
-  heuristics (on GPUs); it is turned off so that it does not reorder or
-  duplicate the recomputation a second time. Nothing else is needed: with
-  TensorFlow's default rewrites (arithmetic optimizer, dependency optimizer,
-  remapper, common-subgraph elimination) the copies survive and the peak
-  drops (see the module docstring); on the CPU the measured peak is the same
-  with and without this config.
-
-  Args:
-    config: a `tf.compat.v1.ConfigProto` or None; not modified.
-
-  Returns:
-    A new `tf.compat.v1.ConfigProto`.
-  """
-  proto = tf.compat.v1.ConfigProto()
-  if config is not None:
-    proto.CopyFrom(config)
-  proto.graph_options.rewrite_options.memory_optimization = (
-      rewriter_config_pb2.RewriterConfig.NO_MEM_OPT)
-  return proto

@@ -310,9 +310,8 @@ class PeakMemoryTest(tf.test.TestCase, parameterized.TestCase):
       train_op = tf.compat.v1.train.GradientDescentOptimizer(
           0.01).apply_gradients(zip(grads, variables))
       init = tf.compat.v1.global_variables_initializer()
+    # The session a benchmark step gets, with or without recompute.
     config = graphs.memory_session_config()
-    if use_recompute:
-      config = recompute.session_config_for_recompute(config)
     with tf.compat.v1.Session(graph=graph, config=config) as session:
       session.run(init)
       session.run(train_op)  # warm-up
