@@ -522,9 +522,10 @@ def gradients_with_recompute(ys, xs, grad_ys=None, *, segments=None,
       `tf.compat.v1.gradients`).
     name: name scope of the copies and gradient ops.
     **kwargs: the other arguments of `tf.compat.v1.gradients`
-      (`gate_gradients`, `aggregation_method`,
-      `colocate_gradients_with_ops`, `stop_gradients`,
-      `unconnected_gradients`), applied to every segment's gradient.
+      (`aggregation_method`, `colocate_gradients_with_ops`,
+      `stop_gradients`, `unconnected_gradients`), applied to every
+      segment's gradient; `gate_gradients` is accepted and not applied
+      (it orders execution only, and costs memory here: see below).
 
   Returns:
     A list aligned with `xs`: a tf.Tensor (or tf.IndexedSlices, e.g. for a
@@ -565,6 +566,13 @@ def _recompute_gradients(graph, ys, xs, grad_ys, segments, name, kwargs,
                          plain):
   """`gradients_with_recompute` once the arguments are checked."""
   kwargs = dict(kwargs)
+  # Gating an op's gradients (`Optimizer.compute_gradients` asks for it)
+  # groups all of them, so the gradients with respect to constants are
+  # computed too: a Pow's exponent gets `where(x > 0, log(x), 0)`, whose
+  # `ones_like` / `zeros_like` the executor runs at the start of the step
+  # and keeps, activation-sized, until the segment's gradient. Gating only
+  # orders execution; the values are the same without it.
+  kwargs.pop('gate_gradients', None)
   unconnected = kwargs.pop('unconnected_gradients',
                            tf.UnconnectedGradients.NONE)
   stop_tensors = set(tf.convert_to_tensor(t) for t in
