@@ -61,7 +61,14 @@ class _Levers(object):
 
 
 def _is_variable(value):
-  return isinstance(value, tf.Variable)
+  """A variable, or the ref-typed tensor of a reference variable.
+
+  A v1 optimizer differentiates with respect to a reference variable's
+  ref tensor (`variable._ref()`), as programs that call
+  `disable_v2_behavior()` or `disable_resource_variables()` make them.
+  """
+  return isinstance(value, tf.Variable) or (
+      isinstance(value, tf.Tensor) and value.dtype._is_ref_dtype)  # pylint: disable=protected-access
 
 
 def _gradients_in_levers(original):

@@ -196,13 +196,14 @@ class AccumulationTest(_Training):
   @parameterized.named_parameters(
       *[('%s_%s' % (style, backend), style, backend)
         for style in ('adam', 'bert_style', 'batch_norm', 'adamw',
-                      'adafactor')
+                      'adafactor', 'ref_variables')
         for backend, _ in _backends()])
   def test_micro_batches_equal_the_big_batch(self, style, backend):
     model_fn = {'adam': adam_model_fn, 'bert_style': bert_style_model_fn,
                 'batch_norm': batch_norm_model_fn,
                 'adamw': _package_optimizer_model_fn('adamw'),
-                'adafactor': _package_optimizer_model_fn('adafactor')}[style]
+                'adafactor': _package_optimizer_model_fn('adafactor'),
+                'ref_variables': ref_variables(adam_model_fn)}[style]
     counter = _CountRuns()
     accumulated = self._train(model_fn, 4, backend, hooks=[counter])
     big = self._train(model_fn, 1, backend)
@@ -367,6 +368,21 @@ def deep_model_fn(features, labels, mode, params):
   return _spec(mode, loss, train_op)
 
 
+def ref_variables(model_fn):
+  """`model_fn` with reference variables, as after `disable_v2_behavior()`.
+
+  A v1 optimizer then differentiates with respect to each variable's
+  ref-typed tensor, not the variable.
+  """
+
+  def with_ref_variables(features, labels, mode, params):
+    with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                     use_resource=False):
+      return model_fn(features, labels, mode, params)
+
+  return with_ref_variables
+
+
 class RecomputeTest(_Training):
   """recompute=True through the Estimator, alone and with accumulation."""
 
@@ -391,6 +407,13 @@ class RecomputeTest(_Training):
   def test_both_levers_equal_the_big_batch(self):
     both = self._train(deep_model_fn, 4, 'compat', recompute=True)
     big = self._train(deep_model_fn, 1, 'compat')
+    self._assert_same_checkpoints(both, big, 1e-5)
+
+  @parameterized.named_parameters(*_backends())
+  def test_ref_variables_with_both_levers_equal_the_big_batch(self, backend):
+    model_fn = ref_variables(deep_model_fn)
+    both = self._train(model_fn, 4, backend, recompute=True)
+    big = self._train(model_fn, 1, backend)
     self._assert_same_checkpoints(both, big, 1e-5)
 
   def test_bfloat16_recompute_trains(self):
