@@ -99,3 +99,41 @@ def tensorflow_logs_once(hide_info=False):
   finally:
     logger.propagate = previous[0]
     logger.setLevel(previous[1])
+
+
+@contextlib.contextmanager
+def deprecation_notices_hidden(argv=None):
+  """Inside, TensorFlow's deprecation notices are not printed, for our commands.
+
+  A TF 1.x-era program run by `python -m estimator_bf16 run` calls dozens of
+  deprecated APIs on purpose (it is the code the package exists for), and
+  TensorFlow prints three lines for each ("... is deprecated ... Use
+  tf.keras instead.") plus Keras's `UserWarning`s for `tf.layers`: nothing
+  the user can act on, and it buries the program's own output. Acts only
+  when the process is one of this package's commands without `--verbose`
+  (as `quiet_commands`). TensorFlow keeps its switch in a module global,
+  so this is process-wide while active; it is put back on exit, also when
+  the body raises.
+
+  Args:
+    argv: the interpreter's full command line (default `sys.orig_argv`).
+  """
+  argv = list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
+  if not is_package_command(argv) or VERBOSE_FLAG in argv:
+    yield
+    return
+  # pylint: disable=g-import-not-at-top
+  import warnings
+  from tensorflow.python.util import deprecation
+  # pylint: enable=g-import-not-at-top
+  # pylint: disable=protected-access
+  previous = deprecation._PRINT_DEPRECATION_WARNINGS
+  deprecation._PRINT_DEPRECATION_WARNINGS = False
+  try:
+    with warnings.catch_warnings():
+      warnings.filterwarnings('ignore', message=r'.*is deprecated',
+                              category=UserWarning)
+      yield
+  finally:
+    deprecation._PRINT_DEPRECATION_WARNINGS = previous
+  # pylint: enable=protected-access

@@ -102,11 +102,38 @@ class QuietCommandsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(_noise(done.stderr), [])
     self.assertEqual(done.stderr.count('the program trained'), 1,
                      done.stderr)
+    # The Estimator API is deprecated; the program's user knows.
+    self.assertNotIn('Instructions for updating', done.stderr)
 
   def test_verbose_keeps_tensorflows_own_lines(self):
     done = self._run('--verbose')
     self.assertEqual(done.returncode, 0, done.stderr[-3000:])
     self.assertNotEmpty(_noise(done.stderr), done.stderr[:3000])
+    self.assertIn('Instructions for updating', done.stderr)
+
+
+class DeprecationNoticesTest(tf.test.TestCase):
+
+  def _printing(self):
+    from tensorflow.python.util import deprecation  # pylint: disable=g-import-not-at-top
+    return deprecation._PRINT_DEPRECATION_WARNINGS  # pylint: disable=protected-access
+
+  def test_hidden_for_our_commands_and_put_back_after_a_raise(self):
+    before = self._printing()
+    with self.assertRaises(KeyError):
+      with quiet.deprecation_notices_hidden(
+          ['python', '-m', 'estimator_bf16', 'run', 'p.py']):
+        self.assertFalse(self._printing())
+        raise KeyError('boom')
+    self.assertEqual(self._printing(), before)
+
+  def test_kept_for_other_programs_and_with_verbose(self):
+    before = self._printing()
+    for argv in (['python', 'train.py'],
+                 ['python', '-m', 'estimator_bf16', 'run', '--verbose',
+                  'p.py']):
+      with quiet.deprecation_notices_hidden(argv):
+        self.assertEqual(self._printing(), before)
 
 
 if __name__ == '__main__':
