@@ -48,7 +48,7 @@ def measure_step_memory(step, session_config=None):
   Returns:
     dict of ints: 'batch_size'; 'peak_step_bytes' (allocator peak of a
     traced step, after one warm-up step); 'peak_tensor_bytes' (the
-    variables plus `live_tensor_peak` of that step); 'persistent_bytes'
+    variables plus `memory_lib.live_tensor_peak` of that step); 'persistent_bytes'
     (allocator bytes in use between steps); 'transient_bytes' (allocator
     peak minus persistent: activations, gradients, bfloat16 weight copies,
     kernel temporaries); 'kernel_scratch_bytes' and
@@ -78,7 +78,7 @@ def measure_step_memory(step, session_config=None):
     session.close()
   scratch, scratch_op = kernel_scratch(run_metadata)
   variables = memory_planner.variable_bytes(step.graph)
-  tensors = (live_tensor_peak(run_metadata) + variables['parameter_bytes'] +
+  tensors = (memory_lib.live_tensor_peak(run_metadata) + variables['parameter_bytes'] +
              variables['slot_bytes'] + variables['state_bytes'])
   result = {'batch_size': step.batch_size, 'peak_step_bytes': int(peak),
             'peak_tensor_bytes': int(tensors),
@@ -88,51 +88,6 @@ def measure_step_memory(step, session_config=None):
   result.update(variables)
   result['executed'] = op_profile(run_metadata)
   return result
-
-
-def live_tensor_peak(run_metadata):
-  """The peak of bytes that tensors alive together asked for, in one step.
-
-  The CPU allocator's peak counts whole chunks: it hands a request any free
-  chunk up to twice its size, so which chunks earlier steps and sessions
-  left decides several MiB of a peak (an 8 MiB activation held in a 16 MiB
-  chunk). This replays the step's allocations and frees instead (FULL_TRACE
-  records them per op, with their times) and counts each output tensor at
-  the bytes it requested; kernel temporaries count at their chunk size, the
-  only size recorded for them. A TPU's compiler also sizes buffers by the
-  tensor, so this is the closer figure for one.
-
-  Args:
-    run_metadata: a `tf.compat.v1.RunMetadata` of a FULL_TRACE run.
-
-  Returns:
-    int, the largest sum of live requested bytes during the step, counting
-    only what the step allocated (not variables it found allocated).
-  """
-  events = []
-  for device in run_metadata.step_stats.dev_stats:
-    for node in device.node_stats:
-      requested = collections.defaultdict(list)
-      for output in node.output:
-        description = output.tensor_description.allocation_description
-        requested[description.allocated_bytes].append(
-            description.requested_bytes)
-      for memory in node.memory:
-        live = collections.defaultdict(list)  # chunk bytes -> requested
-        for record in memory.allocation_records:
-          chunk = abs(record.alloc_bytes)
-          if record.alloc_bytes > 0:
-            size = (requested[chunk].pop(0) if requested[chunk] else chunk)
-            live[chunk].append(size)
-            events.append((record.alloc_micros, size))
-          elif live[chunk]:
-            events.append((record.alloc_micros, -live[chunk].pop(0)))
-  in_use = peak = 0
-  # Frees before allocations at the same microsecond.
-  for _, delta in sorted(events, key=lambda event: (event[0], event[1])):
-    in_use += delta
-    peak = max(peak, in_use)
-  return int(peak)
 
 
 _OP_TYPE = re.compile(r'= (\w+)\(')

@@ -6,6 +6,12 @@ largest of those is the peak of the step (parameters, optimizer slots and
 activations together): the number that decides "does batch N fit", measured
 rather than estimated.
 
+The same trace also records each allocation and free with its time, so the
+step can be replayed tensor by tensor (`live_tensor_peak`): the bytes the
+step's tensors asked for, without the allocator's chunk rounding or what
+else the process holds. That is the figure the memory planner plans and a
+TPU's compiler sizes buffers by; `PeakMemoryHook` keeps both.
+
 TensorFlow's default CPU allocator keeps no such statistics. They exist only
 when the process starts with `TF_CPU_ALLOCATOR_USE_BFC=true` (a BFC allocator
 on the host, as GPUs use), and the variable must be set before TensorFlow
@@ -13,9 +19,10 @@ creates its first session; programs that measure memory set it at the top,
 before importing TensorFlow (see `ALLOCATOR_ENV`).
 """
 
-from absl import logging
+import collections
 import os
 
+from absl import logging
 import tensorflow as tf
 
 ALLOCATOR_ENV = ('TF_CPU_ALLOCATOR_USE_BFC', 'true')
@@ -48,6 +55,63 @@ def peak_bytes_from_run_metadata(run_metadata, allocator_substring=''):
   return int(peak)
 
 
+def live_tensor_peak(run_metadata):
+  """The peak of bytes that tensors alive together asked for, in one step.
+
+  The CPU allocator's peak counts whole chunks: it hands a request any free
+  chunk up to twice its size, so which chunks earlier steps and sessions
+  left decides several MiB of a peak (an 8 MiB activation held in a 16 MiB
+  chunk). This replays the step's allocations and frees instead (FULL_TRACE
+  records them per op, with their times) and counts each output tensor at
+  the bytes it requested; kernel temporaries count at their chunk size, the
+  only size recorded for them.
+
+  Args:
+    run_metadata: a `tf.compat.v1.RunMetadata` of a FULL_TRACE run.
+
+  Returns:
+    int, the largest sum of live requested bytes during the step, counting
+    only what the step allocated (not variables it found allocated).
+  """
+  events = []
+  for device in run_metadata.step_stats.dev_stats:
+    for node in device.node_stats:
+      requested = collections.defaultdict(list)
+      for output in node.output:
+        description = output.tensor_description.allocation_description
+        requested[description.allocated_bytes].append(
+            description.requested_bytes)
+      for memory in node.memory:
+        live = collections.defaultdict(list)  # chunk bytes -> requested
+        for record in memory.allocation_records:
+          chunk = abs(record.alloc_bytes)
+          if record.alloc_bytes > 0:
+            size = (requested[chunk].pop(0) if requested[chunk] else chunk)
+            live[chunk].append(size)
+            events.append((record.alloc_micros, size))
+          elif live[chunk]:
+            events.append((record.alloc_micros, -live[chunk].pop(0)))
+  in_use = peak = 0
+  # Frees before allocations at the same microsecond.
+  for _, delta in sorted(events, key=lambda event: (event[0], event[1])):
+    in_use += delta
+    peak = max(peak, in_use)
+  return int(peak)
+
+
+def graph_variable_bytes(graph):
+  """Bytes of every global and local variable of `graph` (int)."""
+  seen, total = set(), 0
+  for variable in (
+      graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) +
+      graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)):
+    if id(variable) in seen or not variable.shape.is_fully_defined():
+      continue
+    seen.add(id(variable))
+    total += variable.shape.num_elements() * variable.dtype.base_dtype.size
+  return total
+
+
 class PeakMemoryHook(tf.compat.v1.train.SessionRunHook):
   """Traces chosen training steps and keeps the allocator peak.
 
@@ -56,8 +120,12 @@ class PeakMemoryHook(tf.compat.v1.train.SessionRunHook):
   `TPUEstimator(use_tpu=False)`, plain `Estimator` and `MonitoredSession`.
 
   Attributes:
-    peak_bytes: int, the largest peak over traced steps (0 before any).
-    per_step: dict {call index: peak bytes} for each traced call.
+    peak_bytes: int, the largest allocator peak over traced steps (0 before
+      any).
+    tensor_peak_bytes: int, the largest peak of the step's tensors over
+      traced steps: the graph's variables plus `live_tensor_peak` (0 before
+      any).
+    per_step: dict {call index: allocator peak bytes} for each traced call.
   """
 
   def __init__(self, trace_steps=(3,), allocator_substring=''):
@@ -72,9 +140,13 @@ class PeakMemoryHook(tf.compat.v1.train.SessionRunHook):
     self._allocator = allocator_substring
     self._calls = 0
     self.peak_bytes = 0
+    self.tensor_peak_bytes = 0
     self.per_step = {}
+    self._variable_bytes = 0
 
   def begin(self):
+    self._variable_bytes = graph_variable_bytes(
+        tf.compat.v1.get_default_graph())
     if not allocator_stats_enabled():
       logging.warning(
           'PeakMemoryHook: %s=%s was not set when this process started, so '
@@ -96,4 +168,8 @@ class PeakMemoryHook(tf.compat.v1.train.SessionRunHook):
                                           self._allocator)
       self.per_step[self._calls] = peak
       self.peak_bytes = max(self.peak_bytes, peak)
+      if peak:
+        self.tensor_peak_bytes = max(
+            self.tensor_peak_bytes,
+            self._variable_bytes + live_tensor_peak(run_values.run_metadata))
     self._calls += 1

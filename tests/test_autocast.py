@@ -6,7 +6,6 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import step_memory
 from estimator_bf16 import autocasting
 from estimator_bf16 import peak_memory
 import estimator_bf16 as eb
@@ -572,7 +571,7 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
           sess.run(train, options=tf.compat.v1.RunOptions(
               trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
                    run_metadata=metadata)
-      return step_memory.live_tensor_peak(metadata)
+      return peak_memory.live_tensor_peak(metadata)
 
     by_hand, ours = peak(autocast=False), peak(autocast=True)
     print('live-tensor peak: by hand %d, ours %d bytes' % (by_hand, ours))
