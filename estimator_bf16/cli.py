@@ -73,18 +73,22 @@ def build_parser():
                          'forward pass')
     command.add_argument('--report', metavar='PATH',
                          help='also write the exit report as JSON to PATH')
-    if name == 'check':
-      command.add_argument('--fit', action='store_true',
-                           help='plan every combination of precision, '
-                           '--accumulate and --recompute for the batch, '
-                           'mark the cheapest that fits --device or '
-                           '--memory_budget; exit 1 if none does')
-      command.add_argument('--device', metavar='DEVICE',
-                           help='with --fit: the memory of one core or chip '
-                           'of tpu-v2, tpu-v3, tpu-v4, tpu-v5e or tpu-v5p')
-      command.add_argument('--memory_budget', metavar='SIZE',
-                           help='with --fit: memory per core, in bytes or '
-                           'e.g. 512MiB, 8GiB')
+    command.add_argument(
+        '--fit', action='store_true',
+        help=('plan every combination of precision, --accumulate and '
+              '--recompute for the batch, mark the cheapest that fits '
+              '--device or --memory_budget; exit 1 if none does'
+              if name == 'check' else
+              'plan as `check --fit` does (the program runs up to its first '
+              'train call), then run it with the cheapest levers that fit '
+              '--device or --memory_budget, measuring the step; exit 1 '
+              'without training if none fits'))
+    command.add_argument('--device', metavar='DEVICE',
+                         help='with --fit: the memory of one core or chip '
+                         'of tpu-v2, tpu-v3, tpu-v4, tpu-v5e or tpu-v5p')
+    command.add_argument('--memory_budget', metavar='SIZE',
+                         help='with --fit: memory per core, in bytes or '
+                         'e.g. 512MiB, 8GiB')
     if name == 'run':
       command.add_argument('--memory', action='store_true',
                            help='measure the peak memory of a training step')
@@ -166,18 +170,19 @@ def _write_report(path, data):
 def _set_environment(args):
   if _tensorflow_version() >= (2, 16):
     os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
-  if getattr(args, 'memory', False):
+  if getattr(args, 'memory', False) or (args.command == 'run' and args.fit):
     os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
 
 
 def main(argv=None):
   """Runs the command line; returns the exit code.
 
-  `run` returns the program's own exit code; `check` returns 0 when the
-  TRAIN graph was built without audit problems (and, with --fit, something
-  fits), 1 otherwise; a bad command line (unknown precision, missing
-  program, a bad --device or --memory_budget) returns 2 before anything
-  runs.
+  `run` returns the program's own exit code; with --fit, 1 without
+  training when nothing fits, the plan fails or (--audit=strict) the TRAIN
+  graph has audit problems. `check` returns 0 when the TRAIN graph was
+  built without audit problems (and, with --fit, something fits), 1
+  otherwise. A bad command line (unknown precision, missing program, a bad
+  --device or --memory_budget) returns 2 before anything runs.
   """
   argv = sys.argv[1:] if argv is None else list(argv)
   try:
@@ -193,9 +198,10 @@ def main(argv=None):
   if args.accumulate < 1:
     return _error('--accumulate must be an integer >= 1 (micro-batches per '
                   'update), got %d.' % args.accumulate)
+  # Before anything imports TensorFlow (the --fit budget's module does).
+  _set_environment(args)
   budget = None
-  if getattr(args, 'fit', False) or getattr(args, 'device', None) or (
-      getattr(args, 'memory_budget', None)):
+  if args.fit or args.device or args.memory_budget:
     budget = _fit_budget(args)
     if isinstance(budget, str):
       return _error(budget)
@@ -203,7 +209,6 @@ def main(argv=None):
     return _error('%s: no such file (give the Python program to run).' %
                   args.program)
   exclude = tuple(key for key in args.exclude.split(',') if key)
-  _set_environment(args)
 
   # pylint: disable=g-import-not-at-top
   from estimator_bf16 import run_report
@@ -211,12 +216,15 @@ def main(argv=None):
   # pylint: enable=g-import-not-at-top
   check = args.command == 'check'
   plan_fn = None
+  # --precision=float32 wins over the fit: only float32 is considered.
+  precisions = (('float32',) if args.precision == 'float32' else
+                ('float32', 'bfloat16'))
+  if budget is not None and not check:
+    return _run_fit(args, budget, precisions, exclude)
   if budget is not None:
-    # --precision=float32 wins over the fit: only float32 is considered.
-    precisions = (('float32',) if args.precision == 'float32' else
-                  ('float32', 'bfloat16'))
     plan_fn = functools.partial(run_report.fit_plans, budget_bytes=budget,
-                                precisions=precisions)
+                                precisions=precisions,
+                                on_tpu=args.device is not None)
   elif check:
     plan_fn = functools.partial(
         run_report.memory_plans,
@@ -247,10 +255,55 @@ def main(argv=None):
   # what it would be without the runner.
   print(run_report.format_run_report(result), end='', file=sys.stderr,
         flush=True)
+  _explain_misplaced(args, result)
+  return result.exit_code
+
+
+def _explain_misplaced(args, result):
   if result.exit_code:
     for option in _misplaced_options(args, result.program_flags):
       print('estimator_bf16: %s is an option of `%s`, not of the program: '
             'put it before %s (everything after PROGRAM.py goes to the '
             'program).' % (option, args.command, args.program),
             file=sys.stderr)
+
+
+def _run_fit(args, budget, precisions, exclude):
+  """`run --fit`: plan, print the table, train with the choice, report."""
+  # pylint: disable=g-import-not-at-top
+  from estimator_bf16 import fit_run
+  from estimator_bf16 import run_report
+  from estimator_bf16 import runner
+  # pylint: enable=g-import-not-at-top
+
+  def announce(planning):
+    lines = [''] + run_report.fit_lines(planning.plans)
+    lines.append('estimator_bf16 run --fit: running %s with %s' % (
+        args.program, planning.plans.chosen.describe()))
+    print('\n'.join(lines), file=sys.stderr, flush=True)
+
+  try:
+    planning, result = fit_run.run_with_fit(
+        args.program, args.program_args, budget_bytes=budget,
+        precisions=precisions, audit=args.audit, exclude=exclude,
+        tf1=args.tf1, tf1_paths=tuple(args.tf1_path), on_choice=announce)
+  except runner.ProgramError as e:
+    return _error(str(e))
+  sys.stdout.flush()
+  final = result if result is not None else planning
+  if args.report:
+    error = _write_report(args.report, run_report.report_json(final, budget))
+    if error:
+      print('estimator_bf16: error: %s' % error, file=sys.stderr)
+  if result is None:
+    # Nothing trained: the plan's report says why (the program's failure,
+    # audit problems, or the table and the advice when nothing fits).
+    print(run_report.format_check_report(planning).replace(
+        'estimator_bf16 check:', 'estimator_bf16 run --fit (planning, '
+        'nothing trained):', 1), end='', file=sys.stderr, flush=True)
+    _explain_misplaced(args, planning)
+    return planning.exit_code or EXIT_CHECK_FAILED
+  print(run_report.format_run_report(result), end='', file=sys.stderr,
+        flush=True)
+  _explain_misplaced(args, result)
   return result.exit_code

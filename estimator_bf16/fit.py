@@ -43,6 +43,14 @@ DEVICE_BYTES = dict(
 #     examples/s: about free per example.
 COSTS = {'float32': 1.7, 'recompute': 1.2, 'accumulation': 1.0}
 
+# What the plan may miss by: the planner is within 10% of the measured peak
+# of the step's tensors for every lever combination, and within 15% of it
+# where the CPU emulates bfloat16 (tests/test_planner.py, the benchmark's
+# planner rows). An option fits when its plan plus this margin is within
+# the budget.
+PLAN_MARGIN = 0.10
+EMULATED_PLAN_MARGIN = 0.15
+
 _SIZE = re.compile(r'^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?'
                    r'\s*$')
 _UNITS = {None: 1, 'B': 1, 'KiB': 2**10, 'MiB': MiB, 'GiB': GiB,
@@ -90,7 +98,7 @@ class Option:
     micro_batch: examples per micro-step per core (batch / K).
     planned_bytes: the planner's peak per core.
     cost: estimated time per example relative to plain bfloat16 (`COSTS`).
-    fits: planned_bytes <= the budget.
+    fits: planned_bytes plus the fit's margin is within the budget.
   """
   precision: str
   gradient_accumulation_steps: int
@@ -127,12 +135,19 @@ class FitResult:
     options: every `Option`, in table order.
     chosen: the cheapest fitting option, or None if nothing fits.
     plans: the {(precision, recompute): MemoryPlan} planned from.
+    margin: the share of the plan added before comparing with the budget.
+    upcast: whether the plans count a CPU's float32 copies for bfloat16
+      matmuls (`MemoryPlan.step_bytes`).
+    notes: one line for each lever left out, saying why.
   """
   batch_per_core: int
   budget_bytes: int
   options: Tuple[Option, ...]
   chosen: Optional[Option]
   plans: Optional[dict] = None
+  margin: float = PLAN_MARGIN
+  upcast: bool = False
+  notes: Tuple[str, ...] = ()
 
 
 def divisors(batch):
@@ -149,7 +164,8 @@ def _cost(precision, steps, recompute):
   return cost
 
 
-def fit(plans, batch_per_core, budget_bytes):
+def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
+        upcast=False, accumulation_note=None):
   """Plans every lever combination for `batch_per_core`; picks one.
 
   Args:
@@ -159,6 +175,12 @@ def fit(plans, batch_per_core, budget_bytes):
       variables (the accumulators).
     batch_per_core: int, examples per update per core.
     budget_bytes: int, memory of one core.
+    margin: float >= 0; an option fits when `planned x (1 + margin)` is
+      within the budget (`PLAN_MARGIN`: the planner's measured error).
+    upcast: plan a CPU that computes bfloat16 matmuls in float32 copies
+      (`MemoryPlan.step_bytes`); False for TPUs and native CPUs.
+    accumulation_note: if not None, gradient accumulation cannot be
+      applied (this says why): only K = 1 is planned.
 
   Returns:
     A `FitResult`. The choice is the lowest cost that fits; among equal
@@ -166,33 +188,55 @@ def fit(plans, batch_per_core, budget_bytes):
     the largest micro-batch (fewest micro-steps), then the lowest peak.
 
   Raises:
-    ValueError: a batch or budget that is not a positive integer.
+    ValueError: a batch or budget that is not a positive integer, or a
+      negative margin.
   """
   for name, value in (('batch_per_core', batch_per_core),
                       ('budget_bytes', budget_bytes)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ValueError('%s must be a positive integer, got %r.' %
                        (name, value))
+  if isinstance(margin, bool) or not isinstance(margin, (int, float)) or (
+      margin < 0):
+    raise ValueError('margin must be a number >= 0, got %r.' % (margin,))
+  all_steps = ([1] if accumulation_note is not None
+               else divisors(batch_per_core))
+  notes = []
+  if accumulation_note is not None:
+    notes.append('No gradient accumulation: %s.' % accumulation_note)
+  plans = dict(plans)
+  for precision in precision_lib.PRECISIONS:
+    plain, recomputed = plans.get((precision, False)), plans.get(
+        (precision, True))
+    if plain is not None and recomputed is not None and (
+        recomputed.lines == plain.lines and
+        recomputed.upcast_lines == plain.upcast_lines):
+      # Nothing was cut (too few ops on the path): the same step at a
+      # higher cost is no option.
+      del plans[(precision, True)]
+      notes.append('No recompute in %s: the network has too few ops to cut '
+                   'into segments, so it plans the same.' % precision)
   options = []
   for (precision, recompute), plan in sorted(
       plans.items(), key=lambda item: (
           precision_lib.PRECISIONS.index(item[0][0]), item[0][1])):
-    for steps in divisors(batch_per_core):
+    for steps in all_steps:
       micro = batch_per_core // steps
-      planned = plan.step_bytes(micro)
+      planned = plan.step_bytes(micro, upcast=upcast)
       if steps > 1:
         planned += plan.parameter_bytes
       options.append(Option(
           precision=precision, gradient_accumulation_steps=steps,
           recompute=recompute, micro_batch=micro, planned_bytes=planned,
           cost=_cost(precision, steps, recompute),
-          fits=planned <= budget_bytes))
+          fits=planned * (1.0 + margin) <= budget_bytes))
   fitting = [o for o in options if o.fits]
   chosen = min(fitting, key=lambda o: (
       o.cost, o.gradient_accumulation_steps > 1, o.recompute,
       o.gradient_accumulation_steps, o.planned_bytes)) if fitting else None
   return FitResult(batch_per_core=batch_per_core, budget_bytes=budget_bytes,
-                   options=tuple(options), chosen=chosen, plans=dict(plans))
+                   options=tuple(options), chosen=chosen, plans=dict(plans),
+                   margin=float(margin), upcast=upcast, notes=tuple(notes))
 
 
 def lever_plans(model_fn, *, features, labels, params=None,
@@ -213,7 +257,7 @@ def lever_plans(model_fn, *, features, labels, params=None,
 
 
 def choose_levers(model_fn, *, features, labels, batch_per_core,
-                  budget_bytes, params=None):
+                  budget_bytes, params=None, margin=PLAN_MARGIN):
   """The cheapest levers under which `model_fn` trains `batch_per_core`.
 
   For programs that decide in code: plans the model_fn's own step
@@ -226,10 +270,11 @@ def choose_levers(model_fn, *, features, labels, batch_per_core,
     batch_per_core: int, examples per update per core.
     budget_bytes: int, memory of one core (`device_bytes`, `parse_size`).
     params: extra params for model_fn.
+    margin: see `fit`.
   """
   plans = lever_plans(model_fn, features=features, labels=labels,
                       params=params)
-  return fit(plans, batch_per_core, budget_bytes)
+  return fit(plans, batch_per_core, budget_bytes, margin=margin)
 
 
 def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8)):
@@ -266,19 +311,36 @@ def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8)):
   return lines
 
 
-def table_lines(result, limit=None):
-  """The options as a text table, the chosen one marked with '*'."""
+def table_lines(result):
+  """The options as a text table, the chosen one marked with '*'.
+
+  Within one precision and recompute setting, a larger K only lowers the
+  peak at the same cost, so the rows stop at the first K that fits; one
+  line counts the larger ones (`FitResult.options` keeps them all).
+  """
   header = '%-2s %-9s %5s %6s %9s %11s %6s %4s' % (
       '', 'precision', 'K', 'micro', 'recompute', 'planned MiB', 'cost',
       'fits')
   lines = [header, '-' * len(header)]
-  shown = result.options if limit is None else result.options[:limit]
-  for option in shown:
-    lines.append('%-2s %-9s %5d %6d %9s %11.1f %6.2f %4s' % (
-        '*' if option == result.chosen else '', option.precision,
-        option.gradient_accumulation_steps, option.micro_batch,
-        'on' if option.recompute else 'off', option.planned_bytes / MiB,
-        option.cost, 'yes' if option.fits else 'no'))
+  groups = {}
+  for option in result.options:
+    groups.setdefault((option.precision, option.recompute), []).append(option)
+  for group in groups.values():
+    for index, option in enumerate(group):
+      lines.append('%-2s %-9s %5d %6d %9s %11.1f %6.2f %4s' % (
+          '*' if option == result.chosen else '', option.precision,
+          option.gradient_accumulation_steps, option.micro_batch,
+          'on' if option.recompute else 'off', option.planned_bytes / MiB,
+          option.cost, 'yes' if option.fits else 'no'))
+      rest = group[index + 1:]
+      if option.fits and rest:
+        lines.append('%-2s %s' % ('', '... and K = %d to %d (%.1f to %.1f '
+                                  'MiB) also fit' % (
+                                      rest[0].gradient_accumulation_steps,
+                                      rest[-1].gradient_accumulation_steps,
+                                      rest[0].planned_bytes / MiB,
+                                      rest[-1].planned_bytes / MiB)))
+        break
   return lines
 
 
@@ -288,6 +350,8 @@ def report_dict(result):
   return {
       'budget_bytes': result.budget_bytes,
       'batch_per_core': result.batch_per_core,
+      'margin': result.margin, 'upcast': result.upcast,
+      'notes': list(result.notes),
       'planned_peak_bytes': chosen.planned_bytes if chosen else None,
       'levers': chosen.levers if chosen else None,
       'options': [dict(dataclasses.asdict(o)) for o in result.options],

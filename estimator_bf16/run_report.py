@@ -12,9 +12,13 @@ import dataclasses
 import numpy as np
 
 import estimator_bf16 as eb
+from estimator_bf16 import cpu
 from estimator_bf16 import fit as fit_lib
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
+TPU_ACCUMULATION_NOTE = (
+    'on a TPU core it needs use_tpu=False (the TPU loop runs the steps on '
+    'the device); for CPUs and GPUs give --memory_budget')
 MiB = 2.0**20
 
 
@@ -120,8 +124,12 @@ def levers_line(result):
   return 'memory levers: %s' % ('; '.join(parts) or 'none')
 
 
-def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS):
-  """`check --fit`: every lever combination for the program's batch.
+def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
+              here=False, on_tpu=False):
+  """`--fit`: every lever combination for the program's batch.
+
+  Accumulation is left out where the runner cannot split the estimator's
+  batch (`TrainGraph.accumulation_note`).
 
   Args:
     train_graph: a `runner.TrainGraph`; its static batch is the per-core
@@ -129,6 +137,11 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS):
     budget_bytes: memory of one core.
     precisions: the precisions to consider (`--precision=float32` keeps
       float32 only).
+    here: plan for training on this machine (`run --fit`): on a CPU that
+      emulates bfloat16, with the float32 copies its matmuls make and the
+      planner's wider margin there. False plans a TPU core (`check`).
+    on_tpu: the budget is a TPU core's (`--device`): accumulation is left
+      out, since it needs use_tpu=False.
 
   Returns:
     An `estimator_bf16.fit.FitResult`.
@@ -144,16 +157,27 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS):
                               labels=train_graph.labels,
                               params=train_graph.params,
                               precisions=precisions)
-  return fit_lib.fit(plans, train_graph.batch_size, budget_bytes)
+  upcast = here and not train_graph.use_tpu and not cpu.native_bfloat16()
+  return fit_lib.fit(
+      plans, train_graph.batch_size, budget_bytes,
+      margin=(fit_lib.EMULATED_PLAN_MARGIN if upcast
+              else fit_lib.PLAN_MARGIN),
+      upcast=upcast,
+      accumulation_note=(TPU_ACCUMULATION_NOTE if on_tpu
+                         else train_graph.accumulation_note))
 
 
 def fit_lines(result):
   """The `check --fit` table, the choice, or the advice when none fits."""
   lines = ['fit: batch %d per core in %.0f MiB; every combination of the '
-           'levers, planned (cost = time per example relative to plain '
-           'bfloat16, from the benchmark):' % (
-               result.batch_per_core, result.budget_bytes / MiB)]
+           'levers, planned%s (fits: plan + %d%% margin within the budget; '
+           'cost: time per example relative to plain bfloat16, from the '
+           'benchmark):' % (
+               result.batch_per_core, result.budget_bytes / MiB,
+               ' with this CPU\'s float32 copies for bfloat16 matmuls'
+               if result.upcast else '', round(100 * result.margin))]
   lines += fit_lib.table_lines(result)
+  lines += result.notes
   if result.chosen is not None:
     lines.append('chosen: %s, planned %.1f MiB of %.1f MiB (cost %.2f).' % (
         result.chosen.describe(), result.chosen.planned_bytes / MiB,
@@ -169,6 +193,24 @@ def fit_lines(result):
   return lines
 
 
+def fit_run_lines(result):
+  """`run --fit`: the levers chosen, and measured vs planned vs budget."""
+  fitted, chosen = result.fit, result.fit.chosen
+  measured = ('%.1f MiB' % (result.peak_tensor_bytes / MiB)
+              if result.peak_tensor_bytes else
+              'not measured (it needs 4 training steps)')
+  verdict = ''
+  if result.peak_tensor_bytes:
+    over = result.peak_tensor_bytes - fitted.budget_bytes
+    verdict = (': within the budget' if over <= 0 else
+               ': OVER the budget by %.1f MiB' % (over / MiB))
+  return ['fit: %s, chosen for %.1f MiB per core (cost %.2f)' % (
+      chosen.describe(), fitted.budget_bytes / MiB, chosen.cost),
+          'peak step tensors: measured %s | planned %.1f MiB | budget %.1f '
+          'MiB%s' % (measured, chosen.planned_bytes / MiB,
+                     fitted.budget_bytes / MiB, verdict)]
+
+
 def fit_passed(result):
   """True unless `check --fit` found nothing that fits."""
   return not (isinstance(result.plans, fit_lib.FitResult) and
@@ -178,23 +220,27 @@ def fit_passed(result):
 def report_json(result, budget_bytes=None):
   """The exit report as JSON-ready data (`--report=PATH`).
 
-  Keys: 'program', 'precision', 'exit_code', 'peak_step_bytes' (measured
-  with --memory, else None), 'planned_peak_bytes' and 'budget_bytes' (from
-  `check --fit`, else None), 'bfloat16_flop_share' (of the last TRAIN
-  graph, None without one), 'levers' ({'precision',
-  'gradient_accumulation_steps', 'recompute'}: the run's, or with `check
-  --fit` the chosen ones), 'problems' (audit), and with `--fit` 'fit'
-  (every option).
+  Keys: 'program', 'precision', 'exit_code', 'peak_step_bytes' (the
+  measured peak of a training step's tensors, what the plan and budget are
+  compared with; with --memory or `run --fit`, else None),
+  'peak_allocator_bytes' (the CPU allocator's peak of the same step),
+  'planned_peak_bytes' and 'budget_bytes' (with --fit, else None),
+  'bfloat16_flop_share' (of the last TRAIN graph, None without one),
+  'levers' ({'precision', 'gradient_accumulation_steps', 'recompute'}: the
+  run's, or with `check --fit` the chosen ones), 'problems' (audit), and
+  with --fit 'fit' (every option).
   """
-  fitted = result.plans if isinstance(result.plans,
-                                      fit_lib.FitResult) else None
+  fitted = result.fit
+  if isinstance(result.plans, fit_lib.FitResult):
+    fitted = result.plans
   levers = {'precision': result.precision,
             'gradient_accumulation_steps': result.gradient_accumulation_steps,
             'recompute': result.recompute}
   data = {
       'program': result.program, 'precision': result.precision,
       'exit_code': result.exit_code,
-      'peak_step_bytes': result.peak_bytes or None,
+      'peak_step_bytes': result.peak_tensor_bytes or None,
+      'peak_allocator_bytes': result.peak_bytes or None,
       'planned_peak_bytes': None, 'budget_bytes': budget_bytes,
       'bfloat16_flop_share': (result.reports[-1].bfloat16_flop_share
                               if result.reports else None),
@@ -235,6 +281,12 @@ def format_run_report(result):
   if result.peak_bytes:
     lines.append('peak training-step memory (CPU allocator, measured): '
                  '%.1f MiB' % (result.peak_bytes / MiB))
+  if result.peak_tensor_bytes:
+    lines.append("peak training-step tensors (measured: variables and the "
+                 "step's tensors at their own size, as planned): %.1f MiB" %
+                 (result.peak_tensor_bytes / MiB))
+  if result.fit is not None:
+    lines += fit_run_lines(result)
   if result.stopped_by:
     lines.append('stopped by %s during training, after the current step; '
                  'newest checkpoint: %s (the same command resumes from it)' %

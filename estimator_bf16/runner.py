@@ -102,6 +102,9 @@ class TrainGraph:
       dimension), as the input pipeline delivered them; labels may be None.
     variable_shapes: (name, shape list) of each trainable variable.
     batch_size: the batch the graph was built at, if static.
+    use_tpu: whether its estimator trains on a TPU.
+    accumulation_note: why the runner cannot split this estimator's batch
+      into micro-batches (`--accumulate`), or None when it can.
   """
   model_fn: Any
   params: dict
@@ -109,6 +112,8 @@ class TrainGraph:
   labels: Any
   variable_shapes: List[Any]
   batch_size: Optional[int]
+  use_tpu: bool = False
+  accumulation_note: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -123,6 +128,10 @@ class RunResult:
     reports: a `GraphReport` for each TRAIN graph built, in order.
     peak_bytes: measured allocator peak of a training step (`memory=True`),
       0 if not measured.
+    peak_tensor_bytes: measured peak of the same step's tensors: variables
+      plus what the step allocated, at the bytes each asked for
+      (`peak_memory.live_tensor_peak`); what the planner plans. 0 if not
+      measured.
     local_resolvers: how many empty-name TPU resolvers got the stand-in.
     train_graph: in check mode, the first TRAIN graph (None if none built).
     plans: in check mode, what `plan_fn` returned: {(precision, optimizer):
@@ -143,6 +152,8 @@ class RunResult:
     recompute: whether activations were recomputed in backprop.
     micro_batches: for each TPUEstimator with K > 1, (train_batch_size as
       the program gave it, the micro-batch it trained at).
+    fit: with `run --fit`, the `estimator_bf16.fit.FitResult` whose chosen
+      levers this run trained with; else None.
   """
   program: str
   precision: str
@@ -150,6 +161,7 @@ class RunResult:
   estimators: int = 0
   reports: list = dataclasses.field(default_factory=list)
   peak_bytes: int = 0
+  peak_tensor_bytes: int = 0
   local_resolvers: int = 0
   train_graph: Optional[TrainGraph] = None
   plans: Any = dataclasses.field(default_factory=dict)
@@ -164,6 +176,7 @@ class RunResult:
   gradient_accumulation_steps: int = 1
   recompute: bool = False
   micro_batches: list = dataclasses.field(default_factory=list)
+  fit: Any = None
 
   @property
   def problems(self):
@@ -230,8 +243,11 @@ class _Session(object):
 
   # The model_fn -----------------------------------------------------------
 
-  def wrap_model_fn(self, model_fn):
+  def wrap_model_fn(self, model_fn, estimator_facts=None):
     """The program's model_fn, wrapped and observed.
+
+    `estimator_facts` (keyword arguments of `TrainGraph`: `use_tpu`,
+    `accumulation_note`) describe the estimator it was given to.
 
     Inside: `eb.wrap_model_fn` around a pass-through that remembers the raw
     loss (the wrapper's spec carries the float32 cast of it, and the report
@@ -275,7 +291,7 @@ class _Session(object):
         session.record_train_graph(raw.get('loss'))
         if session.check:
           session.result.train_graph = session.train_graph(
-              model_fn, features, labels, params)
+              model_fn, features, labels, params, estimator_facts or {})
           raise _TrainGraphBuilt()
       return spec
 
@@ -283,7 +299,7 @@ class _Session(object):
     model_fn_in_precision.__doc__ = getattr(model_fn, '__doc__', None)
     return model_fn_in_precision
 
-  def train_graph(self, model_fn, features, labels, params):
+  def train_graph(self, model_fn, features, labels, params, facts):
     """A `TrainGraph` of the graph being built; specs None if not dense."""
     try:
       feature_specs = tf.nest.map_structure(_spec_of_example, features)
@@ -298,7 +314,7 @@ class _Session(object):
                 if k not in _TPU_PARAMS},
         variable_shapes=[(v.op.name, v.shape.as_list())
                          for v in tf.compat.v1.trainable_variables()],
-        batch_size=_static_batch(features))
+        batch_size=_static_batch(features), **facts)
 
   def record_train_graph(self, loss):
     self.result.reports.append(eb.check_graph(strict=False, loss=loss))
@@ -332,7 +348,8 @@ class _Session(object):
       if tpu and session.steps > 1:
         session.micro_batch(arguments)
       if arguments.get('model_fn') is not None:
-        arguments['model_fn'] = session.wrap_model_fn(arguments['model_fn'])
+        arguments['model_fn'] = session.wrap_model_fn(
+            arguments['model_fn'], _estimator_facts(arguments, tpu))
       if session.precision != 'float32':
         params = dict(arguments.get('params') or {})
         params['precision'] = session.precision
@@ -435,6 +452,20 @@ class _Session(object):
     finally:
       for owner, name, original in reversed(undo):
         setattr(owner, name, original)
+
+
+def _estimator_facts(arguments, tpu):
+  """`TrainGraph` facts about an estimator, from its constructor arguments."""
+  use_tpu = bool(tpu and arguments.get('use_tpu', True))
+  note = None
+  if not tpu:
+    note = ("a plain Estimator's input_fn sets its own batch, which the "
+            'runner does not split into micro-batches')
+  elif use_tpu:
+    note = 'gradient accumulation needs use_tpu=False'
+  elif arguments.get('train_batch_size') is None:
+    note = 'the TPUEstimator has no train_batch_size to split'
+  return {'use_tpu': use_tpu, 'accumulation_note': note}
 
 
 def _scratch_model_dir(arguments, scratch):
@@ -641,6 +672,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
   with contextlib.ExitStack() as stack:
     stack.callback(session.close)
     stack.enter_context(quiet.tensorflow_logs_once())
+    stack.enter_context(quiet.deprecation_notices_hidden())
     stack.enter_context(_compat_backend())
     stack.enter_context(tpu_resolver.substitute_empty_name(count_resolver))
     stack.enter_context(session.patches())
@@ -695,4 +727,6 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       except Exception as e:  # pylint: disable=broad-except
         result.plan_error = '%s: %s' % (type(e).__name__, e)
   result.peak_bytes = max([h.peak_bytes for h in session.hooks] or [0])
+  result.peak_tensor_bytes = max(
+      [h.tensor_peak_bytes for h in session.hooks] or [0])
   return result

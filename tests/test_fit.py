@@ -1,15 +1,18 @@
 """Fitting a batch to a budget: the table's choice on plans whose numbers are known."""
 
+import dataclasses
 import json
 import os
 import re
 
 from absl.testing import parameterized
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16 import fit
 from estimator_bf16 import memory_planner
+from estimator_bf16.models import digits
 from tests import legacy_model
 from tests import test_runner
 
@@ -59,7 +62,8 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
       # float32 is never chosen while bfloat16 fits: it costs 1.7x.
       ('float32_only_when_alone', 5000, ('bfloat16', 1, False)))
   def test_the_cheapest_fitting_option_is_chosen(self, budget_mib, expected):
-    result = fit.fit(_PLANS, 64, budget_mib * MiB)
+    # No margin: the budgets above are set against the plans themselves.
+    result = fit.fit(_PLANS, 64, budget_mib * MiB, margin=0)
     chosen = result.chosen
     self.assertEqual((chosen.precision, chosen.gradient_accumulation_steps,
                       chosen.recompute), expected)
@@ -76,8 +80,73 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('Adafactor', '\n'.join(lines))
     self.assertIn('input_partition_dims', '\n'.join(lines))
 
-  def test_report_names_the_choice(self):
+  def test_the_margin_is_kept_free(self):
+    # bfloat16 alone plans 556 MiB: it fits 600 MiB with no margin, not
+    # with 10% (611.6 MiB); then K=2 (528 MiB, 580.8 with the margin) does.
+    self.assertEqual(fit.fit(_PLANS, 64, 600 * MiB, margin=0)
+                     .chosen.gradient_accumulation_steps, 1)
     result = fit.fit(_PLANS, 64, 600 * MiB)
+    self.assertEqual(result.margin, fit.PLAN_MARGIN)
+    self.assertEqual(result.chosen.gradient_accumulation_steps, 2)
+    self.assertLessEqual(result.chosen.planned_bytes * 1.1, 600 * MiB)
+    for option in result.options:
+      self.assertEqual(option.fits,
+                       option.planned_bytes * 1.1 <= 600 * MiB, option)
+
+  @parameterized.parameters(-0.1, '10%', True)
+  def test_bad_margin(self, margin):
+    with self.assertRaisesRegex(ValueError, 'margin'):
+      fit.fit(_PLANS, 64, 600 * MiB, margin=margin)
+
+  def test_accumulation_left_out_where_it_cannot_apply(self):
+    result = fit.fit(_PLANS, 64, 420 * MiB, margin=0,
+                     accumulation_note='use_tpu=True')
+    self.assertEqual({o.gradient_accumulation_steps for o in result.options},
+                     {1})
+    # Without accumulation the cheapest fit is recompute (364 MiB).
+    self.assertTrue(result.chosen.recompute)
+    self.assertEqual(result.notes,
+                     ('No gradient accumulation: use_tpu=True.',))
+
+  def test_a_recompute_that_cuts_nothing_is_no_option(self):
+    plans = dict(_PLANS)
+    plans[('bfloat16', True)] = dataclasses.replace(
+        plans[('bfloat16', False)], recompute=True)
+    result = fit.fit(plans, 64, 420 * MiB, margin=0)
+    self.assertFalse(any(o.recompute for o in result.options
+                         if o.precision == 'bfloat16'))
+    self.assertTrue(any(o.recompute for o in result.options
+                        if o.precision == 'float32'))
+    self.assertEqual(result.notes, (
+        'No recompute in bfloat16: the network has too few ops to cut into '
+        'segments, so it plans the same.',))
+
+  def test_upcast_plans_the_cpu_copies(self):
+    plan = _plan('bfloat16', 4)
+    plan = memory_planner.MemoryPlan(**dict(
+        plan.__dict__, upcast_lines=((0.0, 6 * MiB),)))
+    plans = {('bfloat16', False): plan}
+    tpu = fit.fit(plans, 64, 2000 * MiB)
+    cpu = fit.fit(plans, 64, 2000 * MiB, upcast=True)
+    self.assertEqual(tpu.chosen.planned_bytes, (300 + 64 * 4) * MiB)
+    self.assertEqual(cpu.chosen.planned_bytes, (300 + 64 * 6) * MiB)
+
+  def test_table_stops_each_group_at_its_first_fit(self):
+    result = fit.fit(_PLANS, 64, 600 * MiB)
+    lines = fit.table_lines(result)
+    rows = [line for line in lines if re.match(r'^\*?\s+(float32|bfloat16)',
+                                               line)]
+    # float32 without recompute: K=1 and 2 do not fit (656 MiB + 10% for
+    # K=2), K=4 (300 + 128 + 100 = 528 MiB, 580.8 with the margin) does;
+    # the rest are one line.
+    float32_rows = [r for r in rows if 'float32' in r and ' off ' in r]
+    self.assertEqual([int(r.split()[1]) for r in float32_rows],
+                     [1, 2, 4])
+    self.assertIn('... and K = 8 to 64', '\n'.join(lines))
+    self.assertLen([line for line in lines if line.startswith('*')], 1)
+
+  def test_report_names_the_choice(self):
+    result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
     report = fit.report_dict(result)
     self.assertEqual(report['levers'], {'precision': 'bfloat16',
                                         'gradient_accumulation_steps': 1,
@@ -187,6 +256,9 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
             if re.match(r'^\*?\s+(float32|bfloat16)\s+\d', line)]
     self.assertNotEmpty(rows)
     self.assertTrue(all('float32' in row for row in rows), rows)
+    # A TPU core's budget: accumulation needs use_tpu=False, so K is 1.
+    self.assertEqual({int(row.split()[-6]) for row in rows}, {1})
+    self.assertIn('No gradient accumulation: on a TPU core', proc.stdout)
 
   @parameterized.named_parameters(
       ('unknown_device', ['--fit', '--device=tpu-v9'], 'tpu-v2, tpu-v3'),
@@ -202,6 +274,107 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn(message, proc.stderr)
 
 
+def _measured(proc, name):
+  """MiB of a 'peak training-step NAME ...: X MiB' line of a run report."""
+  match = re.search(r'^peak training-step %s .*: ([\d.]+) MiB$' % name,
+                    proc.stderr, re.M)
+  return float(match.group(1)) if match else None
+
+
+@pytest.mark.slow
+class RunFitCommandTest(tf.test.TestCase, parameterized.TestCase):
+  """`run --fit` on models/mnist_tpu.py at batch 1024 and the bert-style
+  TF 1.x program: the budget is 60% of the step's measured bfloat16 peak."""
+
+  def _program(self, name):
+    folder = self.create_tempdir().full_path
+    if name == 'mnist':
+      data = os.path.join(folder, 'digits')
+      digits.write_digits(data)
+      return ['models/mnist_tpu.py', '--use_tpu=false', '--data_dir=' + data,
+              '--model_dir=' + os.path.join(folder, 'model'),
+              '--batch_size=1024', '--train_steps=5', '--iterations=5',
+              '--eval_steps=0'], os.path.join(folder, 'model')
+    return [_PROGRAM, '--output_dir=' + folder, '--train_batch_size=64',
+            '--max_seq_length=128', '--num_train_steps=5'], folder
+
+  @parameterized.parameters('mnist', 'bert_style')
+  def test_stays_within_60_percent_of_the_plain_peak(self, name):
+    program, _ = self._program(name)
+    plain = _cli('run', '--memory', *program)
+    self.assertEqual(plain.returncode, 0, plain.stderr[-3000:])
+    plain_mib = _measured(plain, 'tensors')
+    self.assertIsNotNone(plain_mib, plain.stderr[-2000:])
+    budget = int(0.6 * plain_mib * MiB)
+    report = os.path.join(self.create_tempdir().full_path, 'fit.json')
+    program, _ = self._program(name)
+    proc = _cli('run', '--fit', '--memory_budget=%d' % budget,
+                '--report=' + report, *program)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    with open(report) as f:
+      data = json.load(f)
+    levers = data['levers']
+    self.assertEqual(levers['precision'], 'bfloat16')
+    # A lever beyond bfloat16 was needed, and applied.
+    self.assertTrue(levers['gradient_accumulation_steps'] > 1 or
+                    levers['recompute'], levers)
+    self.assertIn('memory levers: ' + (
+        'gradient accumulation K=%d' % levers['gradient_accumulation_steps']
+        if levers['gradient_accumulation_steps'] > 1 else 'recompute on'),
+                  proc.stderr)
+    # Measured within the budget; the plan within the planner's margin.
+    self.assertEqual(data['budget_bytes'], budget)
+    self.assertLessEqual(data['peak_step_bytes'], budget)
+    self.assertLessEqual(data['planned_peak_bytes'] * (1 + fit.PLAN_MARGIN),
+                         budget)
+    self.assertBetween(data['planned_peak_bytes'] / data['peak_step_bytes'],
+                       0.85, 1.15)
+    # The printed figures are the JSON's.
+    line = re.search(r'^peak step tensors: measured ([\d.]+) MiB \| planned '
+                     r'([\d.]+) MiB \| budget ([\d.]+) MiB: within the '
+                     r'budget$', proc.stderr, re.M)
+    self.assertIsNotNone(line, proc.stderr[-3000:])
+    for value, key in zip(line.groups(), ('peak_step_bytes',
+                                          'planned_peak_bytes',
+                                          'budget_bytes')):
+      self.assertAlmostEqual(float(value), data[key] / MiB, places=1)
+    self.assertEqual(_measured(proc, 'tensors'),
+                     round(data['peak_step_bytes'] / MiB, 1))
+
+  def test_nothing_fits_trains_nothing(self):
+    program, output = self._program('bert_style')
+    proc = _cli('run', '--fit', '--memory_budget=100KiB', *program)
+    self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
+    self.assertIn('nothing fits', proc.stderr)
+    self.assertIn('num_cores_per_replica=2', proc.stderr)
+    self.assertIn('nothing trained', proc.stderr)
+    self.assertNotIn('eval accuracy', proc.stdout)
+    self.assertIsNone(tf.train.latest_checkpoint(output))
+
+  def test_precision_float32_wins_over_the_fit(self):
+    program, _ = self._program('bert_style')
+    proc = _cli('run', '--fit', '--memory_budget=1GiB', '--precision=float32',
+                *program)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn('\nprecision: float32\n', proc.stderr)
+    self.assertIn('fit: float32, chosen for 1024.0 MiB', proc.stderr)
+
+  @parameterized.named_parameters(
+      ('unknown_device', ['--fit', '--device=tpu-v9'], 'tpu-v2, tpu-v3'),
+      ('budget_not_a_size', ['--fit', '--memory_budget=lots'],
+       'is not a size'),
+      ('fit_with_accumulate', ['--fit', '--device=tpu-v2', '--accumulate=2'],
+       'chooses --accumulate'),
+      ('fit_with_recompute', ['--fit', '--device=tpu-v2', '--recompute'],
+       'chooses --accumulate and --recompute'),
+      ('budget_without_fit', ['--memory_budget=1GiB'], 'go with --fit'))
+  def test_bad_input_exits_2_before_running(self, args, message):
+    proc = _cli('run', *args, _PROGRAM)
+    self.assertEqual(proc.returncode, 2)
+    self.assertIn(message, proc.stderr)
+    self.assertNotIn('Traceback', proc.stderr)
+
+
 class RunReportTest(tf.test.TestCase):
 
   def test_run_report_json_matches_the_printed_report(self):
@@ -212,11 +385,16 @@ class RunReportTest(tf.test.TestCase):
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     with open(report) as f:
       data = json.load(f)
-    peak = re.search(r'peak training-step memory .*: ([\d.]+) MiB',
-                     proc.stderr)
-    self.assertIsNotNone(peak, proc.stderr[-2000:])
+    allocator = re.search(r'peak training-step memory .*: ([\d.]+) MiB',
+                          proc.stderr)
+    tensors = re.search(r'peak training-step tensors .*: ([\d.]+) MiB',
+                        proc.stderr)
+    self.assertIsNotNone(allocator, proc.stderr[-2000:])
+    self.assertIsNotNone(tensors, proc.stderr[-2000:])
+    self.assertAlmostEqual(data['peak_allocator_bytes'] / 2**20,
+                           float(allocator.group(1)), places=1)
     self.assertAlmostEqual(data['peak_step_bytes'] / 2**20,
-                           float(peak.group(1)), places=1)
+                           float(tensors.group(1)), places=1)
     self.assertEqual(data['levers'], {'precision': 'bfloat16',
                                       'gradient_accumulation_steps': 2,
                                       'recompute': False})

@@ -115,7 +115,8 @@ def assert_trained_in_precision(test, stderr, model_dir, precision, ops,
   test.assertIn('bfloat16 share of matmul/conv FLOPs: %s' % share, stderr)
   test.assertIn('audit: no problems', stderr)
   test.assertRegex(stderr, r'peak training-step memory \(CPU '
-                   r'allocator, measured\): [0-9.]+ MiB\nexit code: 0\n$')
+                   r'allocator, measured\): [0-9.]+ MiB\npeak training-step '
+                   r'tensors \(measured: .*\): [0-9.]+ MiB\nexit code: 0\n$')
   # Matmuls and convolutions (forward and gradients) in the precision.
   test.assertEqual(_op_dtypes(model_dir, ops), {op: {precision} for op in ops})
   # The checkpoint is float32 in both precisions.
