@@ -108,6 +108,9 @@ class BenchmarkConfig:
     recompute_runs: (model name, batch) of the recompute comparison.
     both_levers_run: (model name, effective batch, K) measured with both
       levers and compared with the planner's float32 peak at that batch.
+    fit_runs: (model name, batch, K) on which the planner is checked
+      against the measured step for every lever combination
+      (`benchmarks.levers.plan_accuracy`, the section 'fit').
     keras_window_steps: its steps per window.
     convergence_steps: (MNIST MLP steps, BERT steps) of the parity runs.
     convergence_bert_preset: BERT size of the parity run (synthetic task).
@@ -143,6 +146,12 @@ class BenchmarkConfig:
   recompute_runs: Tuple[Tuple[str, int], ...] = (
       ('bert_base_seq128', 64), ('resnet50_224px', 32))
   both_levers_run: Tuple[str, int, int] = ('bert_base_seq128', 256, 8)
+  # The benchmark models at their batch; K=4 keeps micro-batches of 8 or
+  # more, where activations are still a fair part of the step.
+  fit_runs: Tuple[Tuple[str, int, int], ...] = (
+      ('bert_base_seq128', 32, 4), ('resnet50_224px', 32, 4),
+      ('bert_style_mini_seq128', 32, 4), ('keras_style_64px', 64, 4),
+      ('slim_style_64px', 64, 4))
   keras_window_steps: int = 40
   convergence_steps: Tuple[int, int] = (300, 150)
   convergence_bert_preset: str = 'tiny'

@@ -15,6 +15,7 @@ examples/sec includes what those extra calls cost.
 """
 
 from benchmarks import graphs
+from benchmarks import planning
 from benchmarks import step_memory
 from benchmarks import throughput
 
@@ -131,3 +132,47 @@ def both_levers(spec, batch_size, steps, float32_planned_bytes):
           'memory': memory, 'float32_planned_bytes': int(float32_planned_bytes),
           'ratio_to_float32': _ratio(memory['peak_step_bytes'],
                                      float32_planned_bytes)}
+
+
+# The lever combinations the planner is checked on: (name, K, recompute).
+LEVER_COMBINATIONS = (('plain', 1, False), ('accumulate', None, False),
+                      ('recompute', 1, True), ('both', None, True))
+
+
+def plan_accuracy(spec, batch_size, steps, cpu_upcast):
+  """The planner against the measured step, for every lever combination.
+
+  Each combination's step is built and measured alone (the peak of its
+  tensors, `peak_memory.live_tensor_peak` plus variables: what the planner
+  plans), then planned from the same model_fn.
+
+  Args:
+    spec: a `configs.ModelSpec`.
+    batch_size: the batch of one update.
+    steps: K of the combinations with accumulation.
+    cpu_upcast: plan this CPU's float32 copies for bfloat16 matmuls (a CPU
+      without AVX512-BF16 or AMX).
+
+  Returns:
+    list of dicts, one per precision and combination: 'model',
+    'precision', 'levers' (a `LEVER_COMBINATIONS` name), 'batch_size',
+    'steps', 'recompute', 'measured_bytes', 'planned_bytes' and
+    'relative_error' (planned / measured - 1).
+  """
+  rows = []
+  for precision in ('float32', 'bfloat16'):
+    for name, k, recompute in LEVER_COMBINATIONS:
+      k = k or steps
+      measured = step_memory.measure_step_memory(graphs.build_train_step(
+          spec, precision, batch_size, gradient_accumulation_steps=k,
+          recompute=recompute))['peak_tensor_bytes']
+      planned = planning.plan_model(
+          spec, precision, gradient_accumulation_steps=k,
+          recompute=recompute).step_bytes(batch_size, upcast=cpu_upcast)
+      rows.append({'model': spec.name, 'precision': precision,
+                   'levers': name, 'batch_size': batch_size, 'steps': k,
+                   'recompute': recompute, 'measured_bytes': int(measured),
+                   'planned_bytes': int(planned),
+                   'relative_error': planning.relative_error(planned,
+                                                             measured)})
+  return rows

@@ -156,6 +156,15 @@ def targets(results):
   lever = results.get('levers')
   if lever:
     _lever_targets(add, lever)
+  fit_rows = results.get('fit')
+  if fit_rows:
+    limit = 0.10 if native else 0.15
+    worst = max(fit_rows, key=lambda r: abs(r['relative_error']))
+    add('planner within %d%% of the measured step tensors, every lever '
+        'combination (worst case of %d)' % (round(100 * limit),
+                                            len(fit_rows)),
+        [('%s/%s/%s' % (worst['model'], worst['precision'], worst['levers']),
+          worst['relative_error'])], lambda v: abs(v) <= limit)
   planner = results.get('planner')
   if planner and planner['relative_error'] is not None:
     add('planner within 10% of the measured peak (worst case)',
@@ -194,6 +203,24 @@ def _lever_targets(add, lever):
     add('both levers: peak at B=%d <= 0.3x the float32 peak at B=%d '
         '(planned)' % (both['effective_batch'], both['effective_batch']),
         [(both['model'], both['ratio_to_float32'])], lambda v: v <= 0.3)
+
+
+def fit_lines(results):
+  """The planner per lever combination, for results.md (empty without)."""
+  rows = results.get('fit')
+  if not rows:
+    return []
+  lines = ['', '**The planner per lever combination** (peak of the step\'s '
+           'tensors, measured and planned; K micro-batches of batch / K):',
+           '', '| model | batch | precision | levers | K | measured MiB | '
+           'planned MiB | error |', '| --- | --- | --- | --- | --- | --- | '
+           '--- | --- |']
+  for row in rows:
+    lines.append('| %s | %d | %s | %s | %d | %.0f | %.0f | %+.1f%% |' % (
+        row['model'], row['batch_size'], row['precision'], row['levers'],
+        row['steps'], row['measured_bytes'] / MiB,
+        row['planned_bytes'] / MiB, 100 * row['relative_error']))
+  return lines
 
 
 def lever_lines(results):
@@ -522,6 +549,7 @@ def markdown(results):
     lines += [''] + _model_table(results)
   lines += _other_tables(results)
   lines += lever_lines(results)
+  lines += fit_lines(results)
   lines += ['', 'Wall time %.0f s.' % results['seconds']['total']]
   return '\n'.join(lines) + '\n'
 

@@ -34,7 +34,7 @@ PRECISIONS = ('float32', 'bfloat16')
 # graph (the peer).
 VARIANTS = PRECISIONS + (REWRITE,)
 SECTIONS = ('kernels', 'models', 'tpu_plans', 'overhead', 'build_overhead',
-            'keras', 'adafactor', 'convergence', 'scaling', 'levers')
+            'keras', 'adafactor', 'convergence', 'scaling', 'levers', 'fit')
 
 
 def _graph_row(report):
@@ -110,7 +110,7 @@ def measure_model(spec, config, cpu_upcast):
   fp32, bf16 = result['float32'], result['bfloat16']
   at_fp32 = result.get('bfloat16_at_float32_max_batch') or {}
   fp32_at_max = (fp32['max_batch_search'] or {}).get('at_max_batch') or {}
-  # The memory ratios compare live tensors (`step_memory.live_tensor_peak`);
+  # The memory ratios compare live tensors (`peak_memory.live_tensor_peak`);
   # the allocator's, which also count its chunking, are kept beside them.
   peak = lambda variant: result[variant]['peak_tensor_bytes']
   allocator = lambda variant: result[variant]['peak_step_bytes']
@@ -149,7 +149,7 @@ def memory_rounds(steps, rounds):
 
   The live-tensor peak of a step moves by a few MiB at most (kernel
   temporaries count at their chunk size, see
-  `step_memory.live_tensor_peak`). The allocator's moves far more: one
+  `peak_memory.live_tensor_peak`). The allocator's moves far more: one
   process-wide CPU allocator serves every session, and how it splits its
   free chunks (it hands out a whole chunk up to twice the request) depends
   on what earlier sessions left, so the same step peaks several MiB apart
@@ -432,6 +432,11 @@ def run(config, out_dir, sections=SECTIONS):
                                'bfloat16')
   if 'levers' in sections:
     results['levers'] = timed('levers', lever_comparisons, config)
+  if 'fit' in sections:
+    results['fit'] = timed('fit', lambda: [
+        row for name, batch, steps in config.fit_runs
+        for row in levers.plan_accuracy(config.model(name), batch, steps,
+                                        cpu_upcast)])
   if 'models' in results:
     results['planner'] = planner_summary(results['models'])
   results['env']['load_average_end'] = env_lib.load_average()

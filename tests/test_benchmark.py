@@ -52,7 +52,8 @@ def _tiny_config():
       adafactor_model='mnist_mlp', keras_batch_size=64, keras_window_steps=2,
       accumulation_runs=(('mnist_mlp', 256, 4),),
       recompute_runs=(('mnist_mlp', 256),),
-      both_levers_run=('mnist_mlp', 512, 4))
+      both_levers_run=('mnist_mlp', 512, 4),
+      fit_runs=(('mnist_mlp', 256, 4),))
 
 
 def _positive_finite(value):
@@ -66,7 +67,7 @@ def outputs(tmp_path_factory):
   out_dir = str(tmp_path_factory.mktemp('bench'))
   results = runner.run(_tiny_config(), out_dir,
                        ('models', 'overhead', 'build_overhead', 'keras',
-                        'adafactor', 'levers'))
+                        'adafactor', 'levers', 'fit'))
   # Stand-in curves: the real convergence runs train Estimators for minutes.
   curve = {'steps': [0, 1, 2], 'loss': [2.0, 1.0, 0.5]}
   run = {'eval_accuracy': 0.9, 'eval_loss': 0.3, 'final_train_loss': 0.5,
@@ -113,6 +114,29 @@ def test_lever_figures_are_the_quotients_they_name(outputs):
   assert any(t.startswith('both levers') for t in targets)
   assert '**Gradient accumulation**' in table
   assert '**Recompute**' in table
+
+
+@pytest.mark.slow
+def test_the_planner_is_checked_for_every_lever_combination(outputs):
+  results, table, _ = outputs
+  rows = results['fit']
+  assert [(r['precision'], r['levers'], r['steps'], r['recompute'])
+          for r in rows] == [
+              (precision, name, 4 if name in ('accumulate', 'both') else 1,
+               name in ('recompute', 'both'))
+              for precision in ('float32', 'bfloat16')
+              for name in ('plain', 'accumulate', 'recompute', 'both')]
+  for row in rows:
+    assert _positive_finite(row['measured_bytes'])
+    assert row['relative_error'] == pytest.approx(
+        row['planned_bytes'] / row['measured_bytes'] - 1)
+  worst = max(abs(r['relative_error']) for r in rows)
+  target = next(t for t in report.targets(results)
+                if t['target'].startswith('planner within') and
+                'every lever combination' in t['target'])
+  assert ('%.2f' % -worst in target['measured'] or
+          '%.2f' % worst in target['measured'])
+  assert '**The planner per lever combination**' in table
 
 
 @pytest.mark.slow
@@ -384,7 +408,7 @@ def test_live_tensor_peak_counts_what_is_alive_together():
       session.run(total, options=tf.compat.v1.RunOptions(
           trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
                   run_metadata=metadata)
-  peak = step_memory.live_tensor_peak(metadata)
+  peak = memory_lib.live_tensor_peak(metadata)
   assert 8 * MiB <= peak <= 12 * MiB + 64 * 1024
 
 
