@@ -242,15 +242,18 @@ def main(argv=None):
   except runner.ProgramError as e:
     return _error(str(e))
   sys.stdout.flush()
+  code = result.exit_code
+  if check:
+    passed = run_report.check_passed(result) and run_report.fit_passed(result)
+    code = 0 if passed else EXIT_CHECK_FAILED
   if args.report:
     error = _write_report(args.report,
-                          run_report.report_json(result, budget))
+                          run_report.report_json(result, budget, code))
     if error:
       print('estimator_bf16: error: %s' % error, file=sys.stderr)
   if check:
     print(run_report.format_check_report(result), end='', flush=True)
-    passed = run_report.check_passed(result) and run_report.fit_passed(result)
-    return 0 if passed else EXIT_CHECK_FAILED
+    return code
   # After the program's own output, on stderr: the program's stdout stays
   # what it would be without the runner.
   print(run_report.format_run_report(result), end='', file=sys.stderr,
@@ -291,8 +294,11 @@ def _run_fit(args, budget, precisions, exclude):
     return _error(str(e))
   sys.stdout.flush()
   final = result if result is not None else planning
+  code = (result.exit_code if result is not None else
+          planning.exit_code or EXIT_CHECK_FAILED)
   if args.report:
-    error = _write_report(args.report, run_report.report_json(final, budget))
+    error = _write_report(args.report,
+                          run_report.report_json(final, budget, code))
     if error:
       print('estimator_bf16: error: %s' % error, file=sys.stderr)
   if result is None:
@@ -302,7 +308,7 @@ def _run_fit(args, budget, precisions, exclude):
         'estimator_bf16 check:', 'estimator_bf16 run --fit (planning, '
         'nothing trained):', 1), end='', file=sys.stderr, flush=True)
     _explain_misplaced(args, planning)
-    return planning.exit_code or EXIT_CHECK_FAILED
+    return code
   print(run_report.format_run_report(result), end='', file=sys.stderr,
         flush=True)
   _explain_misplaced(args, result)

@@ -139,6 +139,8 @@ class FitResult:
     upcast: whether the plans count a CPU's float32 copies for bfloat16
       matmuls (`MemoryPlan.step_bytes`).
     notes: one line for each lever left out, saying why.
+    accumulation: whether accumulation was planned.
+    image_input: the model reads images (spatial partitioning applies).
   """
   batch_per_core: int
   budget_bytes: int
@@ -148,6 +150,8 @@ class FitResult:
   margin: float = PLAN_MARGIN
   upcast: bool = False
   notes: Tuple[str, ...] = ()
+  accumulation: bool = True
+  image_input: bool = False
 
 
 def divisors(batch):
@@ -236,7 +240,8 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
       o.gradient_accumulation_steps, o.planned_bytes)) if fitting else None
   return FitResult(batch_per_core=batch_per_core, budget_bytes=budget_bytes,
                    options=tuple(options), chosen=chosen, plans=dict(plans),
-                   margin=float(margin), upcast=upcast, notes=tuple(notes))
+                   margin=float(margin), upcast=upcast, notes=tuple(notes),
+                   accumulation=accumulation_note is None)
 
 
 def lever_plans(model_fn, *, features, labels, params=None,
@@ -277,7 +282,59 @@ def choose_levers(model_fn, *, features, labels, batch_per_core,
   return fit(plans, batch_per_core, budget_bytes, margin=margin)
 
 
-def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8)):
+def largest_batches(result):
+  """The largest batch per core in the budget under each lever combination.
+
+  Args:
+    result: a `FitResult`.
+
+  Returns:
+    list of (description, batch) in table order: each precision with and
+    without recompute at K = 1 and, where accumulation is planned, the
+    largest micro-batch next to the accumulators ('K x N': any K). 0 when
+    not even one example fits. The budget is less the margin, as in `fit`.
+  """
+  room = int(result.budget_bytes / (1.0 + result.margin))
+  rows = []
+  for (precision, recompute), plan in sorted(
+      result.plans.items(), key=lambda item: (
+          precision_lib.PRECISIONS.index(item[0][0]), item[0][1])):
+    name = precision + (' + recompute' if recompute else '')
+    rows.append((name, plan.max_batch(room, upcast=result.upcast)))
+    if not result.accumulation:
+      continue
+    micro = plan.max_batch(room - plan.parameter_bytes, upcast=result.upcast)
+    rows.append((name + ' + accumulation', 'K x %d' % micro if micro else 0))
+  return rows
+
+
+def over_budget_lines(result):
+  """Why nothing fits, and what would: a smaller batch or more cores.
+
+  Args:
+    result: a `FitResult` whose `chosen` is None.
+
+  Returns:
+    list of str.
+  """
+  room = result.budget_bytes / (1.0 + result.margin)
+  smallest = min(result.plans.values(),
+                 key=lambda p: p.step_bytes(1, upcast=result.upcast))
+  if smallest.step_bytes(1, upcast=result.upcast) <= room:
+    best = max(((p.max_batch(int(room), upcast=result.upcast), key)
+                for key, p in result.plans.items()))
+    return ['It is the batch of %d per core that does not fit: at most %d '
+            'per core fits, with %s%s. On a TPU, TPUEstimator gives each '
+            'core train_batch_size / cores, so more cores (a larger slice) '
+            'take the same global batch.' % (
+                result.batch_per_core, best[0], best[1][0],
+                ' + recompute' if best[1][1] else '')]
+  return model_parallel_lines(smallest, result.budget_bytes,
+                              image_input=result.image_input)
+
+
+def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8),
+                         image_input=True):
   """Advice when even one example per core does not fit.
 
   The model of the split: with `num_cores_per_replica=N` each core holds
@@ -289,6 +346,7 @@ def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8)):
     plan: the smallest `MemoryPlan` (usually bfloat16 with recompute).
     budget_bytes: memory of one core.
     cores: cores per replica to plan.
+    image_input: also name spatial partitioning (image models only).
 
   Returns:
     list of str.
@@ -306,8 +364,9 @@ def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8)):
     lines.append('num_cores_per_replica=%d (with computation_shape): about '
                  '%.1f MiB per core at one example.' % (count,
                                                         one / count / MiB))
-  lines.append('Image models can also split each image over cores: '
-               'input_partition_dims (spatial partitioning).')
+  if image_input:
+    lines.append('Images can also be split over cores: input_partition_dims '
+                 '(spatial partitioning).')
   return lines
 
 

@@ -66,6 +66,7 @@ from estimator_bf16 import levers
 from estimator_bf16 import op_lists
 from estimator_bf16 import optimizers
 from estimator_bf16 import precision as precision_lib
+from estimator_bf16 import quiet
 from estimator_bf16 import recompute as recompute_lib
 from estimator_bf16 import wrappers
 
@@ -303,7 +304,8 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
 
   builds = []
   # One segmentation for both builds, so that their tensors correspond.
-  with recompute_lib.same_cuts() as next_build:
+  with recompute_lib.same_cuts() as next_build, \
+      quiet.tensorflow_info_hidden():
     for batch in batch_sizes:
       next_build()
       builds.append(_build(builder, features, labels, precision, batch))

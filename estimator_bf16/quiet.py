@@ -137,3 +137,24 @@ def deprecation_notices_hidden(argv=None):
   finally:
     deprecation._PRINT_DEPRECATION_WARNINGS = previous
   # pylint: enable=protected-access
+
+
+@contextlib.contextmanager
+def tensorflow_info_hidden():
+  """Inside, TensorFlow's Python INFO lines are not printed.
+
+  For graphs a command builds only to measure them, not to train (the
+  memory planner builds a model_fn twice per plan): a model_fn's own
+  `tf.compat.v1.logging.info` calls (google-research/bert lists every
+  trainable variable, 200 lines) would print once per build. Warnings and
+  errors still show. The 'tensorflow' logger is process-wide; its level is
+  put back on exit.
+  """
+  logger = logging.getLogger('tensorflow')
+  previous = logger.level
+  if logger.getEffectiveLevel() < logging.WARNING:
+    logger.setLevel(logging.WARNING)
+  try:
+    yield
+  finally:
+    logger.setLevel(previous)

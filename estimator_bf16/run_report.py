@@ -10,6 +10,7 @@ core in each precision, with Adam and with Adafactor.
 import dataclasses
 
 import numpy as np
+import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16 import cpu
@@ -17,8 +18,11 @@ from estimator_bf16 import fit as fit_lib
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
 TPU_ACCUMULATION_NOTE = (
-    'on a TPU core it needs use_tpu=False (the TPU loop runs the steps on '
-    'the device); for CPUs and GPUs give --memory_budget')
+    'not planned for a TPU core (--device): on a TPU the training loop runs '
+    'the steps on the device, so accumulation needs use_tpu=False; give '
+    '--memory_budget to plan CPUs and GPUs')
+BOARD_LINE = ('A v2-8 / v3-8 board has 8 cores; the global batch is 8x the '
+              'per-core batch.')
 MiB = 2.0**20
 
 
@@ -158,26 +162,32 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
                               params=train_graph.params,
                               precisions=precisions)
   upcast = here and not train_graph.use_tpu and not cpu.native_bfloat16()
-  return fit_lib.fit(
+  images = any(spec.dtype.is_floating and spec.shape.rank >= 3
+               for spec in tf.nest.flatten(train_graph.features))
+  result = fit_lib.fit(
       plans, train_graph.batch_size, budget_bytes,
       margin=(fit_lib.EMULATED_PLAN_MARGIN if upcast
               else fit_lib.PLAN_MARGIN),
       upcast=upcast,
       accumulation_note=(TPU_ACCUMULATION_NOTE if on_tpu
                          else train_graph.accumulation_note))
+  return dataclasses.replace(result, image_input=images)
 
 
 def fit_lines(result):
   """The `check --fit` table, the choice, or the advice when none fits."""
-  lines = ['fit: batch %d per core in %.0f MiB; every combination of the '
-           'levers, planned%s (fits: plan + %d%% margin within the budget; '
-           'cost: time per example relative to plain bfloat16, from the '
-           'benchmark):' % (
+  lines = ['fit: batch %d per core (the TRAIN graph\'s batch) in %.0f MiB; '
+           'every combination of the levers, planned%s (fits: plan + %d%% '
+           'margin within the budget; cost: time per example relative to '
+           'plain bfloat16, from the benchmark):' % (
                result.batch_per_core, result.budget_bytes / MiB,
                ' with this CPU\'s float32 copies for bfloat16 matmuls'
                if result.upcast else '', round(100 * result.margin))]
   lines += fit_lib.table_lines(result)
   lines += result.notes
+  lines.append('largest batch per core in %.0f MiB: %s.' % (
+      result.budget_bytes / MiB, '; '.join(
+          '%s %s' % row for row in fit_lib.largest_batches(result))))
   if result.chosen is not None:
     lines.append('chosen: %s, planned %.1f MiB of %.1f MiB (cost %.2f).' % (
         result.chosen.describe(), result.chosen.planned_bytes / MiB,
@@ -186,8 +196,8 @@ def fit_lines(result):
     best = min(result.options, key=lambda o: o.planned_bytes)
     lines.append('nothing fits: the smallest plan, %s, needs %.1f MiB.' % (
         best.describe(), best.planned_bytes / MiB))
-    smallest = min(result.plans.values(), key=lambda p: p.step_bytes(1))
-    lines += fit_lib.model_parallel_lines(smallest, result.budget_bytes)
+    lines += fit_lib.over_budget_lines(result)
+  lines.append(BOARD_LINE)
   lines.append('Adafactor (advice: it changes your optimizer) keeps rows + '
                'columns of each matrix instead of two full Adam slots.')
   return lines
@@ -217,7 +227,7 @@ def fit_passed(result):
               result.plans.chosen is None)
 
 
-def report_json(result, budget_bytes=None):
+def report_json(result, budget_bytes=None, exit_code=None):
   """The exit report as JSON-ready data (`--report=PATH`).
 
   Keys: 'program', 'precision', 'exit_code', 'peak_step_bytes' (the
@@ -228,7 +238,8 @@ def report_json(result, budget_bytes=None):
   'bfloat16_flop_share' (of the last TRAIN graph, None without one),
   'levers' ({'precision', 'gradient_accumulation_steps', 'recompute'}: the
   run's, or with `check --fit` the chosen ones), 'problems' (audit), and
-  with --fit 'fit' (every option).
+  with --fit 'fit' (every option). `exit_code` is the command's when
+  given (a check that found nothing fitting exits 1), else the program's.
   """
   fitted = result.fit
   if isinstance(result.plans, fit_lib.FitResult):
@@ -238,7 +249,7 @@ def report_json(result, budget_bytes=None):
             'recompute': result.recompute}
   data = {
       'program': result.program, 'precision': result.precision,
-      'exit_code': result.exit_code,
+      'exit_code': result.exit_code if exit_code is None else exit_code,
       'peak_step_bytes': result.peak_tensor_bytes or None,
       'peak_allocator_bytes': result.peak_bytes or None,
       'planned_peak_bytes': None, 'budget_bytes': budget_bytes,
@@ -333,8 +344,9 @@ def format_check_report(result):
            levers_line(result)]
   if result.train_graph is None:
     if result.error is not None:
-      lines.append('the program failed before its first train call (exit '
-                   'code %d); its traceback is above.' % result.exit_code)
+      lines.append('the program failed before its TRAIN graph was built '
+                   '(exit code %d); its traceback is above.' %
+                   result.exit_code)
       if result.reason:
         lines.append('failed: %s' % result.reason)
     elif result.estimators == 0:
@@ -359,9 +371,9 @@ def format_check_report(result):
                    'and slots include the float32 accumulators.' %
                    result.gradient_accumulation_steps)
     lines.append('Estimates without XLA fusion or padding: leave headroom. '
-                 'A v2-8 / v3-8 board has 8 cores; the global batch is 8x '
-                 'the per-core batch.')
+                 + BOARD_LINE)
   else:
     lines.append('memory plan: not available (%s)' % result.plan_error)
-  lines.append('result: %s' % ('OK' if check_passed(result) else 'FAILED'))
+  passed = check_passed(result) and fit_passed(result)
+  lines.append('result: %s' % ('OK' if passed else 'FAILED'))
   return '\n'.join(lines) + '\n'

@@ -44,7 +44,7 @@ def parse_args(argv=None):
   parser.add_argument('--sections', default='all',
                       help='Comma-separated subset of: kernels, models, '
                       'tpu_plans, overhead, build_overhead, keras, '
-                      'adafactor, convergence, scaling, levers.')
+                      'adafactor, convergence, scaling, levers, fit.')
   parser.add_argument('--time_emulated', action='store_true',
                       help='On a CPU without native bfloat16, time as many '
                       'windows as on a native one. By default each model '

@@ -145,6 +145,30 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('... and K = 8 to 64', '\n'.join(lines))
     self.assertLen([line for line in lines if line.startswith('*')], 1)
 
+  def test_over_budget_names_the_batch_when_one_example_fits(self):
+    # 300 MiB persistent + 1 MiB an example (bfloat16 with recompute): at
+    # 64 per core 364 MiB; in 350 MiB (318 with the margin) 18 fit.
+    result = fit.fit(_PLANS, 64, 350 * MiB, accumulation_note='TPU')
+    self.assertIsNone(result.chosen)
+    lines = fit.over_budget_lines(result)
+    self.assertIn('It is the batch of 64 per core that does not fit: at most '
+                  '18 per core fits, with bfloat16 + recompute', lines[0])
+    self.assertNotIn('num_cores_per_replica', '\n'.join(lines))
+    self.assertIn(('bfloat16 + recompute', 18), fit.largest_batches(result))
+    # 100 MiB: not even the weights fit; model parallelism is named.
+    tiny = fit.fit(_PLANS, 64, 100 * MiB)
+    self.assertIn('num_cores_per_replica=2',
+                  '\n'.join(fit.over_budget_lines(tiny)))
+
+  def test_largest_batches_with_accumulation(self):
+    result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
+    rows = dict(fit.largest_batches(result))
+    # bfloat16: (600 - 300) / 4 = 75; with the 100 MiB of accumulators, 50
+    # per micro-batch.
+    self.assertEqual(rows['bfloat16'], 75)
+    self.assertEqual(rows['bfloat16 + accumulation'], 'K x 50')
+    self.assertEqual(rows['float32 + recompute'], 150)
+
   def test_report_names_the_choice(self):
     result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
     report = fit.report_dict(result)
@@ -241,12 +265,32 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(data['fit']['options'], 24)  # 2 x 2 x divisors of 32
 
   def test_an_impossible_budget_exits_1_with_model_parallel_advice(self):
-    proc = _cli('check', '--fit', '--memory_budget=100KiB', _PROGRAM,
+    report = os.path.join(self.create_tempdir().full_path, 'fit.json')
+    proc = _cli('check', '--fit', '--memory_budget=100KiB',
+                '--report=' + report, _PROGRAM,
                 '--output_dir=' + self.create_tempdir().full_path)
     self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
     self.assertIn('nothing fits', proc.stdout)
+    self.assertIn('Even one example per core needs', proc.stdout)
     self.assertIn('num_cores_per_replica=2', proc.stdout)
-    self.assertIn('input_partition_dims', proc.stdout)
+    # A text model: no spatial partitioning advice.
+    self.assertNotIn('input_partition_dims', proc.stdout)
+    self.assertIn('result: FAILED', proc.stdout)
+    with open(report) as f:
+      data = json.load(f)
+    self.assertEqual(data['exit_code'], 1)
+    self.assertIsNone(data['fit']['levers'])
+    self.assertIsNone(data['planned_peak_bytes'])
+
+  def test_a_batch_too_large_for_one_core_is_said_so(self):
+    # One example fits 20 MiB; the batch of 32 without accumulation (a TPU
+    # core) does not.
+    proc = _cli('check', '--fit', '--device=tpu-v2', _PROGRAM,
+                '--output_dir=' + self.create_tempdir().full_path,
+                '--train_batch_size=32')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn('largest batch per core in 8192 MiB: float32 ', proc.stdout)
+    self.assertIn('A v2-8 / v3-8 board has 8 cores', proc.stdout)
 
   def test_precision_float32_wins_over_the_fit(self):
     proc = _cli('check', '--fit', '--device=tpu-v2', '--precision=float32',
@@ -258,7 +302,8 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertTrue(all('float32' in row for row in rows), rows)
     # A TPU core's budget: accumulation needs use_tpu=False, so K is 1.
     self.assertEqual({int(row.split()[-6]) for row in rows}, {1})
-    self.assertIn('No gradient accumulation: on a TPU core', proc.stdout)
+    self.assertIn('No gradient accumulation: not planned for a TPU core',
+                  proc.stdout)
 
   @parameterized.named_parameters(
       ('unknown_device', ['--fit', '--device=tpu-v9'], 'tpu-v2, tpu-v3'),
