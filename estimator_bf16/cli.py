@@ -24,6 +24,7 @@ _PRECISIONS = ('bfloat16', 'float32')  # eb.PRECISIONS, without importing TF.
 _AUDIT = ('strict', 'warn', 'off')
 EXIT_USAGE = 2
 EXIT_CHECK_FAILED = 1
+EXIT_INTERRUPTED = 130  # What a shell reports for a process Ctrl-C ended.
 
 
 def build_parser():
@@ -101,6 +102,13 @@ def build_parser():
 def _error(message):
   print('estimator_bf16: error: %s' % message, file=sys.stderr)
   return EXIT_USAGE
+
+
+def _interrupted(planning):
+  print('estimator_bf16: stopped by Ctrl-C%s.' % (
+      ' while planning; nothing was trained' if planning else ''),
+        file=sys.stderr)
+  return EXIT_INTERRUPTED
 
 
 def _tensorflow_version():
@@ -241,6 +249,10 @@ def main(argv=None):
         plan_fn=plan_fn)
   except runner.ProgramError as e:
     return _error(str(e))
+  except KeyboardInterrupt:
+    # The program's own Ctrl-C is handled by the runner; this one came
+    # outside it, in check mode while planning (minutes for BERT-base).
+    return _interrupted(check)
   sys.stdout.flush()
   code = result.exit_code
   if check:
@@ -292,6 +304,9 @@ def _run_fit(args, budget, precisions, exclude):
         tf1=args.tf1, tf1_paths=tuple(args.tf1_path), on_choice=announce)
   except runner.ProgramError as e:
     return _error(str(e))
+  except KeyboardInterrupt:
+    # Between the program's two runs: planning, before any training.
+    return _interrupted(True)
   sys.stdout.flush()
   final = result if result is not None else planning
   code = (result.exit_code if result is not None else

@@ -1,9 +1,11 @@
 """Fitting a batch to a budget: the table's choice on plans whose numbers are known."""
 
 import dataclasses
+import io
 import json
 import os
 import re
+from unittest import mock
 
 from absl.testing import parameterized
 import pytest
@@ -418,6 +420,25 @@ class RunFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(proc.returncode, 2)
     self.assertIn(message, proc.stderr)
     self.assertNotIn('Traceback', proc.stderr)
+
+
+class CtrlCWhilePlanningTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters('check', 'run')
+  def test_one_line_and_exit_130(self, command):
+    from estimator_bf16 import cli  # pylint: disable=g-import-not-at-top
+    from estimator_bf16 import runner  # pylint: disable=g-import-not-at-top
+
+    def interrupted(*args, **kwargs):
+      del args, kwargs
+      raise KeyboardInterrupt()
+
+    with mock.patch.object(runner, 'run_program', interrupted), \
+        mock.patch('sys.stderr', new_callable=io.StringIO) as stderr:
+      code = cli.main([command, '--fit', '--memory_budget=1GiB', _PROGRAM])
+    self.assertEqual(code, 130)
+    self.assertEqual(stderr.getvalue(), 'estimator_bf16: stopped by Ctrl-C '
+                     'while planning; nothing was trained.\n')
 
 
 class RunReportTest(tf.test.TestCase):
