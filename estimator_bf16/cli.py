@@ -256,7 +256,8 @@ def main(argv=None):
   sys.stdout.flush()
   code = result.exit_code
   if check:
-    passed = run_report.check_passed(result) and run_report.fit_passed(result)
+    passed = run_report.check_passed(result) and run_report.fit_passed(
+        result, fit_requested=budget is not None)
     code = 0 if passed else EXIT_CHECK_FAILED
   if args.report:
     error = _write_report(args.report,
@@ -264,7 +265,8 @@ def main(argv=None):
     if error:
       print('estimator_bf16: error: %s' % error, file=sys.stderr)
   if check:
-    print(run_report.format_check_report(result), end='', flush=True)
+    print(run_report.format_check_report(
+        result, fit_requested=budget is not None), end='', flush=True)
     return code
   # After the program's own output, on stderr: the program's stdout stays
   # what it would be without the runner.
@@ -319,7 +321,7 @@ def _run_fit(args, budget, precisions, exclude):
   if result is None:
     # Nothing trained: the plan's report says why (the program's failure,
     # audit problems, or the table and the advice when nothing fits).
-    print(run_report.format_check_report(planning).replace(
+    print(run_report.format_check_report(planning, True).replace(
         'estimator_bf16 check:', 'estimator_bf16 run --fit (planning, '
         'nothing trained):', 1), end='', file=sys.stderr, flush=True)
     _explain_misplaced(args, planning)

@@ -221,10 +221,12 @@ def fit_run_lines(result):
                      fitted.budget_bytes / MiB, verdict)]
 
 
-def fit_passed(result):
-  """True unless `check --fit` found nothing that fits."""
-  return not (isinstance(result.plans, fit_lib.FitResult) and
-              result.plans.chosen is None)
+def fit_passed(result, fit_requested=False):
+  """False when `--fit` found nothing that fits, or (`fit_requested`)
+  could not plan at all; True otherwise."""
+  if isinstance(result.plans, fit_lib.FitResult):
+    return result.plans.chosen is not None
+  return not fit_requested
 
 
 def report_json(result, budget_bytes=None, exit_code=None):
@@ -330,11 +332,12 @@ def check_passed(result):
           not result.problems)
 
 
-def format_check_report(result):
+def format_check_report(result, fit_requested=False):
   """What `check` prints: the audit, then the memory plan.
 
   Args:
     result: a `runner.RunResult` from a check-mode run.
+    fit_requested: `--fit` was given: a plan that cannot be made fails.
 
   Returns:
     str, ending with a newline.
@@ -374,6 +377,6 @@ def format_check_report(result):
                  + BOARD_LINE)
   else:
     lines.append('memory plan: not available (%s)' % result.plan_error)
-  passed = check_passed(result) and fit_passed(result)
+  passed = check_passed(result) and fit_passed(result, fit_requested)
   lines.append('result: %s' % ('OK' if passed else 'FAILED'))
   return '\n'.join(lines) + '\n'

@@ -16,6 +16,7 @@ from estimator_bf16 import fit
 from estimator_bf16 import memory_planner
 from estimator_bf16.models import digits
 from tests import legacy_model
+from tests import test_quiet
 from tests import test_runner
 
 MiB = fit.MiB
@@ -283,6 +284,23 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(data['exit_code'], 1)
     self.assertIsNone(data['fit']['levers'])
     self.assertIsNone(data['planned_peak_bytes'])
+
+  @parameterized.parameters('check', 'run')
+  def test_a_plan_that_cannot_be_made_fails_the_fit(self, command):
+    # A plain Estimator whose input_fn batches without drop_remainder: no
+    # static batch to fit.
+    folder = self.create_tempdir().full_path
+    program = os.path.join(folder, 'plain_estimator.py')
+    with open(program, 'w') as f:
+      f.write(test_quiet._PROGRAM)  # pylint: disable=protected-access
+    proc = _cli(command, '--fit', '--memory_budget=1GiB', program,
+                os.path.join(folder, 'model'))
+    self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
+    output = proc.stdout + proc.stderr
+    self.assertIn('no static batch size to fit', output)
+    self.assertIn('result: FAILED', output)
+    self.assertIsNone(tf.train.latest_checkpoint(os.path.join(folder,
+                                                              'model')))
 
   def test_a_batch_too_large_for_one_core_is_said_so(self):
     # One example fits 20 MiB; the batch of 32 without accumulation (a TPU
