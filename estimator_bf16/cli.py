@@ -80,10 +80,10 @@ def build_parser():
               '--recompute for the batch, mark the cheapest that fits '
               '--device or --memory_budget; exit 1 if none does'
               if name == 'check' else
-              'plan as `check --fit` does (the program runs up to its first '
-              'train call), then run it with the cheapest levers that fit '
-              '--device or --memory_budget, measuring the step; exit 1 '
-              'without training if none fits'))
+              'plan the step (the program runs up to its first train call) '
+              'for this machine, where it trains, then run it with the '
+              'cheapest levers that fit --device or --memory_budget, '
+              'measuring the step; exit 1 without training if none fits'))
     command.add_argument('--device', metavar='DEVICE',
                          help='with --fit: the memory of one core or chip '
                          'of tpu-v2, tpu-v3, tpu-v4, tpu-v5e or tpu-v5p')

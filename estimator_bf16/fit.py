@@ -330,11 +330,12 @@ def over_budget_lines(result):
                 result.batch_per_core, best[0], best[1][0],
                 ' + recompute' if best[1][1] else '')]
   return model_parallel_lines(smallest, result.budget_bytes,
-                              image_input=result.image_input)
+                              image_input=result.image_input,
+                              margin=result.margin, upcast=result.upcast)
 
 
 def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8),
-                         image_input=True):
+                         image_input=True, margin=0.0, upcast=False):
   """Advice when even one example per core does not fit.
 
   The model of the split: with `num_cores_per_replica=N` each core holds
@@ -347,15 +348,21 @@ def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8),
     budget_bytes: memory of one core.
     cores: cores per replica to plan.
     image_input: also name spatial partitioning (image models only).
+    margin, upcast: as for `fit`: the plan is compared with the budget
+      less the margin, and counts a CPU's float32 copies with `upcast`.
 
   Returns:
     list of str.
   """
-  one = plan.step_bytes(1)
+  one = plan.step_bytes(1, upcast=upcast)
+  room = budget_bytes / (1.0 + margin)
   lines = ['Even one example per core needs %.1f MiB with the smallest '
-           'plan, over the %.1f MiB budget.' % (one / MiB,
-                                                budget_bytes / MiB)]
-  if plan.persistent_bytes > budget_bytes:
+           'plan, over the %.1f MiB budget%s.' % (
+               one / MiB, budget_bytes / MiB,
+               ' less its %d%% margin (%.1f MiB)' % (round(100 * margin),
+                                                     room / MiB)
+               if margin else '')]
+  if plan.persistent_bytes > room:
     lines.append('The weights and optimizer state alone take %.0f MiB '
                  '(slots %.0f MiB): Adafactor keeps rows + columns per '
                  'matrix instead of two full copies.' %
@@ -373,9 +380,11 @@ def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8),
 def table_lines(result):
   """The options as a text table, the chosen one marked with '*'.
 
-  Within one precision and recompute setting, a larger K only lowers the
-  peak at the same cost, so the rows stop at the first K that fits; one
-  line counts the larger ones (`FitResult.options` keeps them all).
+  Within one precision and recompute setting, from K = 2 on a larger K
+  only lowers the peak at the same cost (K = 2 adds the accumulators, so
+  it may plan above K = 1). The rows stop at the first K that fits when
+  every larger K fits too; one line counts those (`FitResult.options`
+  keeps them all).
   """
   header = '%-2s %-9s %5s %6s %9s %11s %6s %4s' % (
       '', 'precision', 'K', 'micro', 'recompute', 'planned MiB', 'cost',
@@ -392,7 +401,7 @@ def table_lines(result):
           'on' if option.recompute else 'off', option.planned_bytes / MiB,
           option.cost, 'yes' if option.fits else 'no'))
       rest = group[index + 1:]
-      if option.fits and rest:
+      if option.fits and rest and all(o.fits for o in rest):
         lines.append('%-2s %s' % ('', '... and K = %d to %d (%.1f to %.1f '
                                   'MiB) also fit' % (
                                       rest[0].gradient_accumulation_steps,

@@ -162,7 +162,7 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
                               params=train_graph.params,
                               precisions=precisions)
   upcast = here and not train_graph.use_tpu and not cpu.native_bfloat16()
-  images = any(spec.dtype.is_floating and spec.shape.rank >= 3
+  images = any(spec.dtype.is_floating and (spec.shape.rank or 0) >= 3
                for spec in tf.nest.flatten(train_graph.features))
   result = fit_lib.fit(
       plans, train_graph.batch_size, budget_bytes,
@@ -194,8 +194,11 @@ def fit_lines(result):
         result.budget_bytes / MiB, result.chosen.cost))
   else:
     best = min(result.options, key=lambda o: o.planned_bytes)
-    lines.append('nothing fits: the smallest plan, %s, needs %.1f MiB.' % (
-        best.describe(), best.planned_bytes / MiB))
+    lines.append('nothing fits: the smallest plan, %s, needs %.1f MiB '
+                 '(%.1f MiB with the %d%% margin).' % (
+                     best.describe(), best.planned_bytes / MiB,
+                     best.planned_bytes * (1 + result.margin) / MiB,
+                     round(100 * result.margin)))
     lines += fit_lib.over_budget_lines(result)
   lines.append(BOARD_LINE)
   lines.append('Adafactor (advice: it changes your optimizer) keeps rows + '
@@ -203,15 +206,24 @@ def fit_lines(result):
   return lines
 
 
+def fit_measured_bytes(result):
+  """The measured step `run --fit` compares: the first `train` call's,
+  whose TRAIN graph was the one planned (0 if not measured)."""
+  peaks = result.train_peak_tensor_bytes
+  return peaks[0] if peaks else 0
+
+
 def fit_run_lines(result):
   """`run --fit`: the levers chosen, and measured vs planned vs budget."""
   fitted, chosen = result.fit, result.fit.chosen
-  measured = ('%.1f MiB' % (result.peak_tensor_bytes / MiB)
-              if result.peak_tensor_bytes else
+  peak = fit_measured_bytes(result)
+  measured = ('%.1f MiB' % (peak / MiB) if peak else
               'not measured (it needs 4 training steps)')
+  if peak and len(result.train_peak_tensor_bytes) > 1:
+    measured += " (the first train call's step: the one planned)"
   verdict = ''
-  if result.peak_tensor_bytes:
-    over = result.peak_tensor_bytes - fitted.budget_bytes
+  if peak:
+    over = peak - fitted.budget_bytes
     verdict = (': within the budget' if over <= 0 else
                ': OVER the budget by %.1f MiB' % (over / MiB))
   return ['fit: %s, chosen for %.1f MiB per core (cost %.2f)' % (
@@ -259,6 +271,8 @@ def report_json(result, budget_bytes=None, exit_code=None):
                               if result.reports else None),
       'levers': levers, 'problems': list(result.problems),
   }
+  if result.fit is not None:
+    data['peak_step_bytes'] = fit_measured_bytes(result) or None
   if fitted is not None:
     summary = fit_lib.report_dict(fitted)
     data['fit'] = summary

@@ -131,7 +131,8 @@ class RunResult:
     peak_tensor_bytes: measured peak of the same step's tensors: variables
       plus what the step allocated, at the bytes each asked for
       (`peak_memory.live_tensor_peak`); what the planner plans. 0 if not
-      measured.
+      measured. The largest over the program's `train` calls.
+    train_peak_tensor_bytes: the same for each `train` call, in order.
     local_resolvers: how many empty-name TPU resolvers got the stand-in.
     train_graph: in check mode, the first TRAIN graph (None if none built).
     plans: in check mode, what `plan_fn` returned: {(precision, optimizer):
@@ -162,6 +163,7 @@ class RunResult:
   reports: list = dataclasses.field(default_factory=list)
   peak_bytes: int = 0
   peak_tensor_bytes: int = 0
+  train_peak_tensor_bytes: list = dataclasses.field(default_factory=list)
   local_resolvers: int = 0
   train_graph: Optional[TrainGraph] = None
   plans: Any = dataclasses.field(default_factory=dict)
@@ -727,6 +729,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       except Exception as e:  # pylint: disable=broad-except
         result.plan_error = '%s: %s' % (type(e).__name__, e)
   result.peak_bytes = max([h.peak_bytes for h in session.hooks] or [0])
-  result.peak_tensor_bytes = max(
-      [h.tensor_peak_bytes for h in session.hooks] or [0])
+  result.train_peak_tensor_bytes = [h.tensor_peak_bytes
+                                    for h in session.hooks]
+  result.peak_tensor_bytes = max(result.train_peak_tensor_bytes or [0])
   return result

@@ -148,6 +148,27 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('... and K = 8 to 64', '\n'.join(lines))
     self.assertLen([line for line in lines if line.startswith('*')], 1)
 
+  def test_k2_above_k1_is_not_summed_up_as_fitting(self):
+    # bfloat16 with recompute: K=1 plans 364 MiB; K=2 adds 100 MiB of
+    # accumulators (432 MiB) and K=64 still 401: in 400 MiB only K=1 fits.
+    result = fit.fit(_PLANS, 64, 400 * MiB, margin=0)
+    lines = fit.table_lines(result)
+    rows = [l for l in lines if re.match(r'^\*?\s+bfloat16\s+\d+\s+\d+\s+on',
+                                         l)]
+    self.assertLen(rows, 7)
+    self.assertEqual([r.split()[-1] for r in rows],
+                     ['yes'] + ['no'] * 6)
+
+  def test_one_example_over_the_budget_less_the_margin(self):
+    # 950 MiB at one example: under 1000 MiB, over 1000 / 1.1.
+    plans = {('bfloat16', False): _plan('bfloat16', 950, 0, 0)}
+    result = fit.fit(plans, 1, 1000 * MiB)
+    self.assertIsNone(result.chosen)
+    lines = fit.over_budget_lines(result)
+    self.assertIn('Even one example per core needs 950.0 MiB with the '
+                  'smallest plan, over the 1000.0 MiB budget less its 10% '
+                  'margin (909.1 MiB).', lines)
+
   def test_over_budget_names_the_batch_when_one_example_fits(self):
     # 300 MiB persistent + 1 MiB an example (bfloat16 with recompute): at
     # 64 per core 364 MiB; in 350 MiB (318 with the margin) 18 fit.
