@@ -163,7 +163,7 @@ def _fit_budget(args):
 
 
 def _write_report(path, data):
-  """Writes `data` as JSON to `path`; returns an error line or None."""
+  """Writes `data` as JSON to `path`; a failure is one line on stderr."""
   # pylint: disable=g-import-not-at-top
   import json
   # pylint: enable=g-import-not-at-top
@@ -171,8 +171,8 @@ def _write_report(path, data):
     with open(path, 'w') as out:
       json.dump(data, out, indent=2, sort_keys=True)
   except OSError as e:
-    return '--report %s: %s' % (path, e.strerror or e)
-  return None
+    print('estimator_bf16: error: --report %s: %s' % (path, e.strerror or e),
+          file=sys.stderr)
 
 
 def _set_environment(args):
@@ -260,10 +260,7 @@ def main(argv=None):
         result, fit_requested=budget is not None)
     code = 0 if passed else EXIT_CHECK_FAILED
   if args.report:
-    error = _write_report(args.report,
-                          run_report.report_json(result, budget, code))
-    if error:
-      print('estimator_bf16: error: %s' % error, file=sys.stderr)
+    _write_report(args.report, run_report.report_json(result, budget, code))
   if check:
     print(run_report.format_check_report(
         result, fit_requested=budget is not None), end='', flush=True)
@@ -314,10 +311,7 @@ def _run_fit(args, budget, precisions, exclude):
   code = (result.exit_code if result is not None else
           planning.exit_code or EXIT_CHECK_FAILED)
   if args.report:
-    error = _write_report(args.report,
-                          run_report.report_json(final, budget, code))
-    if error:
-      print('estimator_bf16: error: %s' % error, file=sys.stderr)
+    _write_report(args.report, run_report.report_json(final, budget, code))
   if result is None:
     # Nothing trained: the plan's report says why (the program's failure,
     # audit problems, or the table and the advice when nothing fits).

@@ -153,6 +153,11 @@ class FitResult:
   accumulation: bool = True
   image_input: bool = False
 
+  @property
+  def room_bytes(self):
+    """The budget less the margin: what a plan must stay within to fit."""
+    return self.budget_bytes / (1.0 + self.margin)
+
 
 def divisors(batch):
   """K values that keep the micro-batch whole: the divisors of `batch`."""
@@ -294,7 +299,7 @@ def largest_batches(result):
     largest micro-batch next to the accumulators ('K x N': any K). 0 when
     not even one example fits. The budget is less the margin, as in `fit`.
   """
-  room = int(result.budget_bytes / (1.0 + result.margin))
+  room = int(result.room_bytes)
   rows = []
   for (precision, recompute), plan in sorted(
       result.plans.items(), key=lambda item: (
@@ -317,7 +322,7 @@ def over_budget_lines(result):
   Returns:
     list of str.
   """
-  room = result.budget_bytes / (1.0 + result.margin)
+  room = result.room_bytes
   smallest = min(result.plans.values(),
                  key=lambda p: p.step_bytes(1, upcast=result.upcast))
   if smallest.step_bytes(1, upcast=result.upcast) <= room:

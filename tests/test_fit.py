@@ -262,17 +262,21 @@ def _cli(*args):
 class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
   """`check --fit` on the bert-style TF 1.x program (batch 32)."""
 
-  def test_the_choice_and_its_json_agree(self):
+  def _check_fit(self, budget):
+    """`check --fit --memory_budget=budget --report`: (process, JSON)."""
     report = os.path.join(self.create_tempdir().full_path, 'fit.json')
-    proc = _cli('check', '--fit', '--memory_budget=1MiB',
+    proc = _cli('check', '--fit', '--memory_budget=' + budget,
                 '--report=' + report, _PROGRAM,
                 '--output_dir=' + self.create_tempdir().full_path)
+    with open(report) as f:
+      return proc, json.load(f)
+
+  def test_the_choice_and_its_json_agree(self):
+    proc, data = self._check_fit('1MiB')
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     chosen = re.search(r'^chosen: (.*), planned ([\d.]+) MiB of ([\d.]+) MiB',
                        proc.stdout, re.M)
     self.assertIsNotNone(chosen, proc.stdout)
-    with open(report) as f:
-      data = json.load(f)
     self.assertEqual(data['budget_bytes'], 2**20)
     self.assertAlmostEqual(data['planned_peak_bytes'] / 2**20,
                            float(chosen.group(2)), places=1)
@@ -289,10 +293,7 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(data['fit']['options'], 24)  # 2 x 2 x divisors of 32
 
   def test_an_impossible_budget_exits_1_with_model_parallel_advice(self):
-    report = os.path.join(self.create_tempdir().full_path, 'fit.json')
-    proc = _cli('check', '--fit', '--memory_budget=100KiB',
-                '--report=' + report, _PROGRAM,
-                '--output_dir=' + self.create_tempdir().full_path)
+    proc, data = self._check_fit('100KiB')
     self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
     self.assertIn('nothing fits', proc.stdout)
     self.assertIn('Even one example per core needs', proc.stdout)
@@ -300,8 +301,6 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     # A text model: no spatial partitioning advice.
     self.assertNotIn('input_partition_dims', proc.stdout)
     self.assertIn('result: FAILED', proc.stdout)
-    with open(report) as f:
-      data = json.load(f)
     self.assertEqual(data['exit_code'], 1)
     self.assertIsNone(data['fit']['levers'])
     self.assertIsNone(data['planned_peak_bytes'])
