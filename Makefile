@@ -5,10 +5,10 @@ DEMO_DIR ?= runs/demo
 .PHONY: demo test clean
 
 # The package's commands hide TensorFlow's C++ log lines themselves
-# (estimator_bf16/quiet.py).
+# (estimator_bf16/platform/quiet.py).
 demo:
 	scripts/make_venv.sh .venv requirements.txt
-	.venv/bin/python -m estimator_bf16.models.demo --out_dir=$(DEMO_DIR)
+	.venv/bin/python -m estimator_bf16.apps.demo --out_dir=$(DEMO_DIR)
 
 # The full suite on TensorFlow 2.15 (real TPUEstimator), then the backend
 # subset on the newest TensorFlow (estimator_bf16.compat).

@@ -40,9 +40,9 @@ setuptools.setup(
     },
     entry_points={
         'console_scripts': [
-            'estimator-bf16=estimator_bf16.cli:main',
-            'estimator-bf16-train=estimator_bf16.models.train_cli:run',
-            'tpu-submit=estimator_bf16.tpu_submit.main:main',
+            'estimator-bf16=estimator_bf16.apps.cli:main',
+            'estimator-bf16-train=estimator_bf16.apps.train_cli:run',
+            'tpu-submit=estimator_bf16.apps.tpu_submit.main:main',
         ],
     },
 )

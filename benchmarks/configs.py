@@ -33,7 +33,7 @@ class ModelSpec:
     family: a key of `benchmarks.graphs.FAMILIES` ('resnet', 'bert',
       'mnist_mlp', ...): which model code builds the network.
     batch_size: batch of the peak-memory and throughput measurements.
-    optimizer: name for `estimator_bf16.optimizers.create_optimizer`; the usual
+    optimizer: name for `estimator_bf16.optimizers.registry.create_optimizer`; the usual
       one for the family (momentum for ResNet, BERT's AdamW, Adam for MLP).
     learning_rate: any sane value: the benchmark times steps, it does not
       need them to converge.

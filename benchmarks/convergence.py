@@ -1,6 +1,6 @@
 """Convergence parity: the same training run in float32 and in bfloat16.
 
-Runs go through the whole user path, `estimator_bf16.models.training.run` (TPUEstimator in
+Runs go through the whole user path, `estimator_bf16.apps.training.run` (TPUEstimator in
 local mode, `eb.make_tpu_estimator`, the real input pipelines), with the
 same seed in both precisions: the MNIST MLP on the shipped digits and a
 small BERT on the synthetic marker task. The loss curves come from the
@@ -11,8 +11,8 @@ Estimator's evaluation.
 import os
 import shutil
 
-from estimator_bf16.models import precision_comparison as models_report
-from estimator_bf16.models import training
+from estimator_bf16.apps import precision_comparison as models_report
+from estimator_bf16.apps import training
 
 # The synthetic marker task: short sequences and a larger batch and rate
 # than the CLI's smoke defaults, so a small BERT learns it within a few

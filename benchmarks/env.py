@@ -11,7 +11,7 @@ import platform
 
 import tensorflow as tf
 
-from estimator_bf16 import cpu as eb_cpu
+from estimator_bf16.platform import cpu_bfloat16 as eb_cpu
 
 # CPU flags that decide how fast bfloat16 (and float32) math can be.
 _FLAGS_OF_INTEREST = ('avx', 'avx2', 'fma', 'f16c', 'avx512f', 'avx512bw',

@@ -24,10 +24,10 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-from benchmarks import throughput
 import estimator_bf16 as eb
-from estimator_bf16 import accumulation
+from estimator_bf16.memory import accumulation
 from estimator_bf16.models import head
+from benchmarks import throughput
 
 _SEED = 1
 

@@ -143,7 +143,7 @@ def plan_accuracy(spec, batch_size, steps, cpu_upcast):
   """The planner against the measured step, for every lever combination.
 
   Each combination's step is built and measured alone (the peak of its
-  tensors, `peak_memory.live_tensor_peak` plus variables: what the planner
+  tensors, `peak.live_tensor_peak` plus variables: what the planner
   plans), then planned from the same model_fn.
 
   Args:

@@ -23,10 +23,10 @@ import time
 
 import tensorflow as tf
 
+import estimator_bf16 as eb
+from estimator_bf16.autocast import op_lists
 from benchmarks import graphs
 from benchmarks import throughput
-import estimator_bf16 as eb
-from estimator_bf16 import op_lists
 
 
 def hand_written_network_builder(spec):

@@ -1,12 +1,12 @@
 """The memory planner on the benchmarked models, checked against measurement.
 
-`plan_model` asks `estimator_bf16.memory_planner.memory_plan` about the same
+`plan_model` asks `estimator_bf16.memory.planner.memory_plan` about the same
 unmodified model_fn the benchmark trains; `plan_row` turns a plan into the
 numbers results.json keeps; `relative_error` is estimate / measured - 1.
 """
 
+from estimator_bf16.memory import planner as memory_planner
 from benchmarks import graphs
-from estimator_bf16 import memory_planner
 
 
 def plan_model(spec, precision, optimizer=None, gradient_accumulation_steps=1,

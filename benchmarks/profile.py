@@ -35,7 +35,7 @@ _VARIABLE_READS = ('ReadVariableOp', 'VariableV2', 'VarHandleOp',
                    '_MklReadVariableOp')
 _MATH = re.compile(r'MatMul|Conv2D|Einsum')
 # Optimizer updates: the fused Apply kernels and the ops of BERT's AdamW
-# (estimator_bf16/adamw.py), which builds its update from plain ops in its scope.
+# (estimator_bf16/optimizers/adamw.py), which builds its update from plain ops in its scope.
 _OPTIMIZER = re.compile(r'(^|/)(AdamWeightDecay|Momentum|Adam|Adafactor)'
                         r'(/|_|$)|^Apply|^ResourceApply|/update_')
 

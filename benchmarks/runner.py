@@ -110,7 +110,7 @@ def measure_model(spec, config, cpu_upcast):
   fp32, bf16 = result['float32'], result['bfloat16']
   at_fp32 = result.get('bfloat16_at_float32_max_batch') or {}
   fp32_at_max = (fp32['max_batch_search'] or {}).get('at_max_batch') or {}
-  # The memory ratios compare live tensors (`peak_memory.live_tensor_peak`);
+  # The memory ratios compare live tensors (`peak.live_tensor_peak`);
   # the allocator's, which also count its chunking, are kept beside them.
   peak = lambda variant: result[variant]['peak_tensor_bytes']
   allocator = lambda variant: result[variant]['peak_step_bytes']
@@ -149,7 +149,7 @@ def memory_rounds(steps, rounds):
 
   The live-tensor peak of a step moves by a few MiB at most (kernel
   temporaries count at their chunk size, see
-  `peak_memory.live_tensor_peak`). The allocator's moves far more: one
+  `peak.live_tensor_peak`). The allocator's moves far more: one
   process-wide CPU allocator serves every session, and how it splits its
   free chunks (it hands out a whole chunk up to twice the request) depends
   on what earlier sessions left, so the same step peaks several MiB apart

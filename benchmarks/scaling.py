@@ -18,10 +18,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import throughput
 import estimator_bf16 as eb
 from estimator_bf16.compat import distribute
 from estimator_bf16.models import mnist
+from benchmarks import throughput
 
 NOTE = ('Logical CPU devices share this machine\'s %d cores: on a 2-core '
         'machine this measures that data parallelism runs correctly and '

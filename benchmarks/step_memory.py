@@ -1,14 +1,14 @@
 """Measured memory of a training step, and the largest batch within a budget.
 
 The peak is the CPU allocator's, read with the package's own instrument
-(`estimator_bf16.peak_memory.peak_bytes_from_run_metadata` on a FULL_TRACE step).
+(`estimator_bf16.memory.peak.peak_bytes_from_run_metadata` on a FULL_TRACE step).
 The allocator is shared by the whole process, so a measurement runs with
 no other session alive and subtracts what was in use before its session
 started; it also reads the bytes in use between two steps, which are the
 persistent part (variables and optimizer slots).
 
 Both need `TF_CPU_ALLOCATOR_USE_BFC=true` in the environment before
-TensorFlow is imported (see `estimator_bf16/peak_memory.py`).
+TensorFlow is imported (see `estimator_bf16/memory/peak.py`).
 """
 
 import collections
@@ -17,9 +17,9 @@ import re
 
 import tensorflow as tf
 
+from estimator_bf16.memory import peak as memory_lib
+from estimator_bf16.memory import plan_build
 from benchmarks import graphs
-from estimator_bf16 import memory_planner
-from estimator_bf16 import peak_memory as memory_lib
 
 
 def bytes_in_use():
@@ -77,7 +77,7 @@ def measure_step_memory(step, session_config=None):
   finally:
     session.close()
   scratch, scratch_op = kernel_scratch(run_metadata)
-  variables = memory_planner.variable_bytes(step.graph)
+  variables = plan_build.variable_bytes(step.graph)
   tensors = (memory_lib.live_tensor_peak(run_metadata) + variables['parameter_bytes'] +
              variables['slot_bytes'] + variables['state_bytes'])
   result = {'batch_size': step.batch_size, 'peak_step_bytes': int(peak),

@@ -10,40 +10,40 @@ Legacy code that names `tf.estimator` itself needs `eb.compat.install()`.
 """
 
 # Before TensorFlow loads: the package's own commands start quiet.
-from estimator_bf16 import quiet as _quiet
+from estimator_bf16.platform import quiet as _quiet
 _quiet.quiet_commands()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from estimator_bf16._tf_check import check_tensorflow as _check_tensorflow
+from estimator_bf16.platform.backend import check_tensorflow as _check_tensorflow
 
 BACKEND = _check_tensorflow()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from estimator_bf16.adafactor import AdafactorOptimizer
-from estimator_bf16.audit import check_graph
-from estimator_bf16.audit import GraphReport
-from estimator_bf16.audit import MIN_BFLOAT16_SHARE
-from estimator_bf16.audit import PrecisionError
-from estimator_bf16.autocasting import autocast
-from estimator_bf16.autocasting import float32_ops
-from estimator_bf16.autocasting import keep_float32
-from estimator_bf16.casting import cast_features
-from estimator_bf16.casting import to_float32
-from estimator_bf16.cpu import native_bfloat16
-from estimator_bf16.estimator import make_tpu_estimator
-from estimator_bf16.fit import choose_levers
-from estimator_bf16.guards import guard_model_fn
-from estimator_bf16.guards import NumericGuardError
-from estimator_bf16.memory_planner import memory_plan
-from estimator_bf16.memory_planner import MemoryPlan
-from estimator_bf16.memory_planner import TPU_CORE_BYTES
-from estimator_bf16.precision import compute_dtype
-from estimator_bf16.precision import PRECISIONS
-from estimator_bf16.scope import bfloat16_scope
-from estimator_bf16.strategies import make_strategy
-from estimator_bf16.wrappers import build_network
-from estimator_bf16.wrappers import wrap_input_fn
-from estimator_bf16.wrappers import wrap_model_fn
+from estimator_bf16.autocast.contexts import autocast
+from estimator_bf16.autocast.contexts import float32_ops
+from estimator_bf16.autocast.contexts import keep_float32
+from estimator_bf16.distribute.strategies import make_strategy
+from estimator_bf16.estimator.make import make_tpu_estimator
+from estimator_bf16.estimator.tpu import TPU_CORE_BYTES
+from estimator_bf16.estimator.wrappers import build_network
+from estimator_bf16.estimator.wrappers import wrap_input_fn
+from estimator_bf16.estimator.wrappers import wrap_model_fn
+from estimator_bf16.memory.fit import choose_levers
+from estimator_bf16.memory.planner import memory_plan
+from estimator_bf16.memory.planner import MemoryPlan
+from estimator_bf16.optimizers.adafactor import AdafactorOptimizer
+from estimator_bf16.platform.cpu_bfloat16 import native_bfloat16
+from estimator_bf16.precision.audit import check_graph
+from estimator_bf16.precision.audit import GraphReport
+from estimator_bf16.precision.audit import MIN_BFLOAT16_SHARE
+from estimator_bf16.precision.audit import PrecisionError
+from estimator_bf16.precision.casting import cast_features
+from estimator_bf16.precision.casting import to_float32
+from estimator_bf16.precision.policy import compute_dtype
+from estimator_bf16.precision.policy import PRECISIONS
+from estimator_bf16.precision.scope import bfloat16_scope
+from estimator_bf16.safety.guards import guard_model_fn
+from estimator_bf16.safety.guards import NumericGuardError
 # The compat backend imports nothing from the core above: make_tpu_estimator
 # puts the same precision wrappers around either backend's TPUEstimator.
 from estimator_bf16 import compat

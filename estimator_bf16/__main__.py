@@ -1,8 +1,8 @@
-"""`python -m estimator_bf16 run|check ...`: see `estimator_bf16.cli`."""
+"""`python -m estimator_bf16 run|check ...`: see `estimator_bf16.apps.cli`."""
 
 import sys
 
-from estimator_bf16 import cli
+from estimator_bf16.apps import cli
 
 if __name__ == '__main__':
   sys.exit(cli.main())

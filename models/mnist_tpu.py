@@ -7,7 +7,7 @@ reading MNIST TFRecords, `CrossShardOptimizer` on a TPU, an `eval_metrics`
 tuple, and its own RunConfig / TPUConfig / TPUEstimator. It does not import
 estimator_bf16. To train it in bfloat16 without editing it:
 
-    python -m estimator_bf16.models.digits_cli --out_dir=runs/digits
+    python -m estimator_bf16.apps.digits_cli --out_dir=runs/digits
     python -m estimator_bf16 run models/mnist_tpu.py --use_tpu=false \
         --data_dir=runs/digits --model_dir=runs/mnist_bf16
     python models/mnist_tpu.py --use_tpu=false \

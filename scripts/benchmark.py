@@ -16,7 +16,7 @@ import os
 import sys
 
 # The CPU allocator keeps the statistics the memory benchmarks read only if
-# this is set before TensorFlow is imported (estimator_bf16/peak_memory.py).
+# this is set before TensorFlow is imported (estimator_bf16/memory/peak.py).
 os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
 # Run from a clone without installing: the repository root holds the
 # packages this script uses.
@@ -75,7 +75,7 @@ def main(argv=None):
   from benchmarks import configs
   from benchmarks import report
   from benchmarks import runner
-  from estimator_bf16 import cpu
+  from estimator_bf16.platform import cpu_bfloat16 as cpu
   sections = _sections(args.sections, runner.SECTIONS)
   # Progress lines (absl) at INFO; TensorFlow's Estimator chatter only when
   # asked for.

@@ -3,7 +3,7 @@
 import os
 
 # The CPU allocator keeps the statistics that memory tests read only when the
-# process starts with this set (see estimator_bf16/peak_memory.py).
+# process starts with this set (see estimator_bf16/memory/peak.py).
 os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
 # Quieter logs: TensorFlow's C++ info lines drown test output.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.python.util import _pywrap_util_port
 # pylint: enable=g-direct-tensorflow-import
 
-from estimator_bf16.models import training
+from estimator_bf16.apps import training
 
 # Every kernel gets its own fed inputs, all exactly representable in
 # bfloat16, so each output is one kernel's work on the very numbers the

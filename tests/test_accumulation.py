@@ -12,16 +12,16 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+import estimator_bf16 as eb
+from estimator_bf16.apps import training
+from estimator_bf16.memory import accumulation
+from estimator_bf16.memory import levers
+from estimator_bf16.memory import peak as peak_memory
+from estimator_bf16.optimizers import registry as optimizers
+from estimator_bf16.platform import backend as backend_lib
 from benchmarks import configs
 from benchmarks import graphs
 from benchmarks import step_memory
-import estimator_bf16 as eb
-from estimator_bf16 import accumulation
-from estimator_bf16 import estimator as estimator_lib
-from estimator_bf16 import levers
-from estimator_bf16 import optimizers
-from estimator_bf16 import peak_memory
-from estimator_bf16.models import training
 from tests import isolated_cache
 from tests import test_runner
 
@@ -155,7 +155,7 @@ def _checkpoint(model_dir):
 
 
 def _backends():
-  return [(b, b) for b in estimator_lib.BACKENDS
+  return [(b, b) for b in backend_lib.BACKENDS
           if b == 'compat' or tf.__version__.startswith('2.15')]
 
 

@@ -1,11 +1,11 @@
-"""Tests for estimator_bf16.adafactor: memory, numerics, bfloat16, TPU."""
+"""Tests for estimator_bf16.optimizers.adafactor: memory, numerics, bfloat16, TPU."""
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from estimator_bf16.adafactor import AdafactorOptimizer
-from estimator_bf16.scope import bfloat16_scope
+from estimator_bf16.optimizers.adafactor import AdafactorOptimizer
+from estimator_bf16.precision.scope import bfloat16_scope
 
 _ONES = tf.compat.v1.ones_initializer()
 _ZEROS = tf.compat.v1.zeros_initializer()

@@ -6,9 +6,9 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from estimator_bf16 import autocasting
-from estimator_bf16 import peak_memory
 import estimator_bf16 as eb
+from estimator_bf16.autocast import weights as autocast_weights
+from estimator_bf16.memory import peak as peak_memory
 
 BF16 = tf.bfloat16
 
@@ -314,9 +314,9 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
   # positions, the columns of `weights @ x`, and a batch only known when
   # the step runs (None), where the copy is always made again.
   @parameterized.named_parameters(
-      ('matmul', 'matmul', autocasting.RECAST_MIN_ROWS),
-      ('conv', 'conv', autocasting.RECAST_MIN_ROWS),
-      ('weights_first', 'weights_first', autocasting.RECAST_MIN_ROWS),
+      ('matmul', 'matmul', autocast_weights.RECAST_MIN_ROWS),
+      ('conv', 'conv', autocast_weights.RECAST_MIN_ROWS),
+      ('weights_first', 'weights_first', autocast_weights.RECAST_MIN_ROWS),
       ('dynamic_batch', 'matmul', None))
   def test_backward_casts_the_weights_again(self, kind, rows):
     got, want, forward_cast, graph = self._layer_gradients(kind, rows or 4,
@@ -338,7 +338,7 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
     # a large share of the backward matmul, so the gradient reads the
     # forward copy, as TensorFlow's own gradient would.
     got, want, forward_cast, graph = self._layer_gradients(
-        kind, autocasting.RECAST_MIN_ROWS - 1, static=True)
+        kind, autocast_weights.RECAST_MIN_ROWS - 1, static=True)
     self.assertGreater(len(forward_cast.outputs[0].consumers()), 1)
     self.assertEmpty(self._recasts(graph, forward_cast))
     for g, w in zip(got, want):
@@ -445,7 +445,7 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
     # TensorFlow 2's cond and while_loop (the default control flow) build
     # their bodies as functions; the recast applies there, and the
     # gradients equal the hand-written bfloat16 graph's.
-    rows = autocasting.RECAST_MIN_ROWS
+    rows = autocast_weights.RECAST_MIN_ROWS
     x_values = np.random.RandomState(0).randn(rows, 6)
     with tf.Graph().as_default():
       self.assertTrue(tf.compat.v1.control_flow_v2_enabled())
@@ -512,7 +512,7 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
     # in place: a later cast could see the new weights. (Rows enough for a
     # resource variable's copy to be made again.)
     with tf.Graph().as_default() as graph:
-      x = _activation(np.ones([autocasting.RECAST_MIN_ROWS, 6]))
+      x = _activation(np.ones([autocast_weights.RECAST_MIN_ROWS, 6]))
       w = tf.compat.v1.get_variable('w', [6, 3], use_resource=False)
       with eb.autocast('bfloat16'):
         y = tf.matmul(x, w)
@@ -529,7 +529,7 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
   def test_gradient_override_of_the_model_stays(self):
     # Rows enough for the recast to apply but for the model's own choice.
     with tf.Graph().as_default() as graph:
-      x = _activation(np.ones([autocasting.RECAST_MIN_ROWS, 6]))
+      x = _activation(np.ones([autocast_weights.RECAST_MIN_ROWS, 6]))
       w = tf.compat.v1.get_variable('w', [6, 3])
       with eb.autocast('bfloat16'), graph.gradient_override_map(
           {'MatMul': 'Identity'}):

@@ -2,7 +2,7 @@
 
 Each case writes MNIST-format TFRecords with one defect (or a model_dir
 with one problem) and runs `training.run`, the function behind
-`python -m estimator_bf16.models.train_cli`. The error must name the file (and record, flag
+`python -m estimator_bf16.apps.train_cli`. The error must name the file (and record, flag
 or variables) at fault, and the run must leave no new checkpoint behind.
 The BERT and ImageNet readers get the same record checks.
 """
@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_bf16 import checkpoint_match
-from estimator_bf16 import checkpoint_repair
+from estimator_bf16.apps import training
 from estimator_bf16.models import bert_input
 from estimator_bf16.models import digits
 from estimator_bf16.models import imagenet_input
 from estimator_bf16.models import records
-from estimator_bf16.models import training
+from estimator_bf16.safety import checkpoint_match
+from estimator_bf16.safety import checkpoint_repair
+from tests import record_writers
 
 _RECORDS = 48  # per file: small, but six batches of 8
 _BATCH = 8
@@ -261,7 +262,7 @@ class BadModelDirTest(tf.test.TestCase):
             [784, 512], tf.bfloat16.as_numpy_dtype)})
     with self.assertRaisesRegex(checkpoint_match.CheckpointMismatchError,
                                 r'stores mnist_mlp/hidden/kernel in 16 bits.*'
-                                r'python -m estimator_bf16\.ckpt convert'):
+                                r'python -m estimator_bf16\.apps\.ckpt convert'):
       training.run(_options('bf16_weights', _data_dir('bf16_weights'),
                             model_dir=model_dir))
 
@@ -283,7 +284,7 @@ class OtherReadersTest(tf.test.TestCase):
       return {'input_ids': [5] * length, 'input_mask': [1] * length,
               'segment_ids': [0] * length, 'label_ids': label}
 
-    bert_input.write_bert_tfrecord(path, [example(), example(length=6)])
+    record_writers.write_bert_tfrecord(path, [example(), example(length=6)])
     input_fn = bert_input.bert_input_fn_builder(
         path, seq_length=8, is_training=False, num_labels=2)
     with self.assertRaisesRegex(
@@ -291,7 +292,7 @@ class OtherReadersTest(tf.test.TestCase):
         r'feature input_ids holds 6 ids, but --seq_length=8 needs 8.*record '
         r'at byte \d+ of .*train\.tf_record'):
       _first_batch(input_fn, 2)
-    bert_input.write_bert_tfrecord(path, [example(label=4)])
+    record_writers.write_bert_tfrecord(path, [example(label=4)])
     input_fn = bert_input.bert_input_fn_builder(
         path, seq_length=8, is_training=False, num_labels=2)
     with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
@@ -300,7 +301,7 @@ class OtherReadersTest(tf.test.TestCase):
 
   def test_imagenet_record_without_label_is_named(self):
     path = os.path.join(self.create_tempdir().full_path, 'train-00000')
-    imagenet_input.write_imagenet_tfrecord(
+    record_writers.write_imagenet_tfrecord(
         path, [np.zeros([20, 20, 3], np.uint8)], [1])
     # A second record with the image but no label.
     with open(path, 'rb') as f:

@@ -21,6 +21,8 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
+from estimator_bf16.memory import peak as memory_lib
+from estimator_bf16.platform import cpu_bfloat16 as cpu
 from benchmarks import configs
 from benchmarks import graphs
 from benchmarks import head_to_head
@@ -29,8 +31,6 @@ from benchmarks import report
 from benchmarks import runner
 from benchmarks import step_memory
 from benchmarks import throughput
-from estimator_bf16 import cpu
-from estimator_bf16 import peak_memory as memory_lib
 from scripts import benchmark as benchmark_program
 from scripts import update_readme
 

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.autocast import op_lists
 from estimator_bf16.models import bert
 from estimator_bf16.models import bert_input
 from estimator_bf16.models import bert_layers
@@ -18,7 +19,6 @@ _PRECISIONS = (
     dict(testcase_name='float32', precision='float32'),
     dict(testcase_name='bfloat16', precision='bfloat16'),
 )
-_MATMULS = ('MatMul', 'BatchMatMul', 'BatchMatMulV2', 'BatchMatMulV3')
 _SEQ_LENGTH = 16
 _VOCAB_SIZE = 200
 # Relative L2 norm of (bfloat16 - float32) logits of the same weights,
@@ -323,7 +323,7 @@ class BertTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual({v.dtype.base_dtype for v in variables}, {tf.float32})
     ops = graph.get_operations()
     self.assertEmpty([op.name for op in ops if op.type == 'SparseMatMul'])
-    matmuls = [op for op in ops if op.type in _MATMULS]
+    matmuls = [op for op in ops if op.type in op_lists.MATMUL_OPS]
     self.assertGreater(len(matmuls), 12 * 8)  # 6 dense + 2 batched per layer
     self.assertEmpty([(op.name, op.get_attr('T').name) for op in matmuls
                       if op.get_attr('T') != tf.bfloat16])

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import checkpoint_convert
+from estimator_bf16.safety import checkpoint_convert
 
 
 def setUpModule():
@@ -92,7 +92,7 @@ class CkptTest(tf.test.TestCase):
     source = _old_style(os.path.join(directory, 'cli'))
     target = os.path.join(directory, 'cli_out', 'model.ckpt-7')
     run = lambda *args: subprocess.run(
-        [sys.executable, '-m', 'estimator_bf16.ckpt', *args],
+        [sys.executable, '-m', 'estimator_bf16.apps.ckpt', *args],
         capture_output=True, text=True, timeout=300, check=False)
     result = run('convert', '--input=' + source, '--output=' + target)
     self.assertEqual(result.returncode, 0, result.stderr)

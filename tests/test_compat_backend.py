@@ -42,7 +42,7 @@ import estimator_bf16 as eb
 from estimator_bf16 import compat
 from estimator_bf16.compat import _install
 from estimator_bf16.compat import export as export_lib
-from estimator_bf16 import estimator as estimator_lib
+from estimator_bf16.platform import backend as backend_lib
 from tests import compat_protocol as protocol
 from tests import legacy_model
 
@@ -476,7 +476,7 @@ class BackendAgreementTest(tf.test.TestCase):
       return recorded if where == 'model' else input_fn
 
     files = {}
-    for backend in estimator_lib.BACKENDS:
+    for backend in backend_lib.BACKENDS:
       model_dir = self.create_tempdir().full_path
       estimator = eb.make_tpu_estimator(
           recording(backend, None, legacy_model.model_fn, 'model'),
@@ -506,7 +506,7 @@ class BackendAgreementTest(tf.test.TestCase):
     start = protocol.make_start('tf_estimator', work_dir)
     results = {}
     for precision in eb.PRECISIONS:
-      for backend in estimator_lib.BACKENDS:
+      for backend in backend_lib.BACKENDS:
         results[backend, precision] = protocol.run(backend, precision, start,
                                                    work_dir)
       _assert_agree(self, results['compat', precision],

@@ -1,4 +1,4 @@
-"""estimator_bf16.cpu: native bfloat16 detection and the once-per-process note.
+"""estimator_bf16.platform.cpu_bfloat16: native bfloat16 detection and the once-per-process note.
 
 Every test reads a fake cpuinfo, so the results do not depend on the
 machine that runs them.
@@ -11,7 +11,7 @@ from absl.testing import parameterized
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import cpu
+from estimator_bf16.platform import cpu_bfloat16 as cpu
 
 _X86 = """processor\t: 0
 vendor_id\t: AuthenticAMD

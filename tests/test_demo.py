@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_bf16.models import precision_comparison
+from estimator_bf16.apps import precision_comparison
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ROW_LABELS = ('eval accuracy', 'eval loss', 'final train loss',
@@ -24,7 +24,7 @@ class DemoTest(tf.test.TestCase):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
                ESTIMATOR_BF16_CACHE=os.path.join(out_dir, 'cache'))
     done = subprocess.run(
-        [sys.executable, '-m', 'estimator_bf16.models.demo', '--out_dir=' + out_dir,
+        [sys.executable, '-m', 'estimator_bf16.apps.demo', '--out_dir=' + out_dir,
          '--quick'], cwd=_REPO, env=env, capture_output=True, text=True,
         timeout=600)
     self.assertEqual(done.returncode, 0, done.stderr[-3000:])

@@ -17,9 +17,9 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import cluster
+from estimator_bf16.apps import training
 from estimator_bf16.compat import distribute
-from estimator_bf16.models import training
+from estimator_bf16.distribute import cluster
 from tests import isolated_cache
 
 _FEATURES = 12
@@ -334,7 +334,7 @@ class TFConfigTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class CliTest(tf.test.TestCase):
-  """--distribute and --cpu_devices of the training CLI (estimator_bf16.models.training)."""
+  """--distribute and --cpu_devices of the training CLI (estimator_bf16.apps.training)."""
 
   def _options(self, **kwargs):
     values = dict(model='mnist_mlp', model_dir=os.path.join(

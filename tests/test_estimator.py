@@ -1,6 +1,8 @@
 """End to end: an unmodified legacy model_fn through make_tpu_estimator."""
 
 import os
+import sys
+from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -8,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import estimator as eb_estimator
+from estimator_bf16.estimator import tpu
 from tests import legacy_model
 
 
@@ -64,8 +66,11 @@ class GraphTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(report.bfloat16_flop_share, 0.99)
 
   def test_float32_is_the_original(self):
-    self.assertIs(eb.wrap_model_fn(legacy_model.model_fn, 'float32'),
-                  legacy_model.model_fn)
+    # Without tf_slim loaded there is nothing to repair: the very function.
+    with mock.patch.dict(sys.modules):
+      sys.modules.pop('tf_slim', None)
+      self.assertIs(eb.wrap_model_fn(legacy_model.model_fn, 'float32'),
+                    legacy_model.model_fn)
     graph, _ = _train_graph('float32')
     kinds = {op.get_attr('T') for op in graph.get_operations()
              if op.type in ('Conv2D', 'MatMul')}
@@ -181,14 +186,14 @@ class MakeEstimatorErrorsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(estimator.params['lr'], 0.1)
 
   def test_tpu_batch_error_counts_replicas(self):
-    # estimator_bf16/models/training.py checks its flags with the same function.
-    self.assertIsNone(eb_estimator.tpu_batch_error(16))
+    # estimator_bf16/apps/training.py checks its flags with the same function.
+    self.assertIsNone(tpu.tpu_batch_error(16))
     self.assertIn('by the 8 replicas (num_shards=8):',
-                  eb_estimator.tpu_batch_error(12))
-    self.assertIsNone(eb_estimator.tpu_batch_error(
+                  tpu.tpu_batch_error(12))
+    self.assertIsNone(tpu.tpu_batch_error(
         12, num_shards=8, num_cores_per_replica=2))
     self.assertIn('by the 4 replicas (num_shards=8 / num_cores_per_replica=2)',
-                  eb_estimator.tpu_batch_error(
+                  tpu.tpu_batch_error(
                       10, num_shards=8, num_cores_per_replica=2))
 
 

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import fit
-from estimator_bf16 import memory_planner
+from estimator_bf16.memory import fit
+from estimator_bf16.memory import planner as memory_planner
 from estimator_bf16.models import digits
 from tests import legacy_model
 from tests import test_quiet
@@ -464,8 +464,8 @@ class CtrlCWhilePlanningTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters('check', 'run')
   def test_one_line_and_exit_130(self, command):
-    from estimator_bf16 import cli  # pylint: disable=g-import-not-at-top
-    from estimator_bf16 import runner  # pylint: disable=g-import-not-at-top
+    from estimator_bf16.apps import cli  # pylint: disable=g-import-not-at-top
+    from estimator_bf16.runner import program as runner  # pylint: disable=g-import-not-at-top
 
     def interrupted(*args, **kwargs):
       del args, kwargs

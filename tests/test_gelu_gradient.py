@@ -6,8 +6,8 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from estimator_bf16 import gelu_gradient
 import estimator_bf16 as eb
+from estimator_bf16.autocast import gelu_gradient
 
 BF16 = tf.bfloat16
 _C = math.sqrt(2.0 / math.pi)

@@ -15,10 +15,10 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.apps import training
 from estimator_bf16.models import digits
 from estimator_bf16.models import mnist
 from estimator_bf16.models import mnist_input
-from estimator_bf16.models import training
 from tests import isolated_cache
 
 _PRECISIONS = (
@@ -224,7 +224,7 @@ class DigitsTest(tf.test.TestCase):
   @pytest.mark.slow
   def test_command_writes_records(self):
     out_dir = self.create_tempdir().full_path
-    subprocess.run([sys.executable, '-m', 'estimator_bf16.models.digits_cli',
+    subprocess.run([sys.executable, '-m', 'estimator_bf16.apps.digits_cli',
                     '--out_dir=' + out_dir], cwd=_REPO, check=True,
                    capture_output=True, timeout=300)
     self.assertCountEqual(os.listdir(out_dir),

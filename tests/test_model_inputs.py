@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from estimator_bf16.models import bert_input
 from estimator_bf16.models import imagenet_input
+from tests import record_writers
 
 _PRECISIONS = (
     dict(testcase_name='float32', precision='float32', dtype=tf.float32),
@@ -50,7 +51,7 @@ class ImageNetInputTest(tf.test.TestCase, parameterized.TestCase):
                 for i in range(5)]
       images[0] = np.tile(np.array([200, 100, 50], np.uint8), (48, 64, 1))
       labels = [shard * 5 + i + 1 for i in range(5)]
-      imagenet_input.write_imagenet_tfrecord(
+      record_writers.write_imagenet_tfrecord(
           os.path.join(directory, 'train-%05d' % shard), images, labels)
       self.labels += labels
     self.pattern = os.path.join(directory, 'train-*')
@@ -186,7 +187,7 @@ class BertInputTest(tf.test.TestCase, parameterized.TestCase):
           'label_ids': index % 3})
     self.path = os.path.join(self.get_temp_dir(), 'bert.tfrecord')
     self.assertEqual(
-        bert_input.write_bert_tfrecord(self.path, self.examples), 6)
+        record_writers.write_bert_tfrecord(self.path, self.examples), 6)
 
   @parameterized.named_parameters(
       dict(testcase_name='drop_remainder', drop_remainder=True,

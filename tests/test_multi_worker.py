@@ -1,6 +1,6 @@
 """Multi-worker training: processes on 127.0.0.1, TF_CONFIG, failures.
 
-`python -m estimator_bf16.launch --workers=2 -- python -m estimator_bf16.models.train_cli
+`python -m estimator_bf16.apps.launch --workers=2 -- python -m estimator_bf16.apps.train_cli
 --distribute=multi_worker ...` trains the MNIST MLP on the digits in
 bfloat16 with MultiWorkerMirroredStrategy to the accuracy of one process.
 Killing a worker mid-run stops the job within a bounded time, naming the
@@ -22,8 +22,8 @@ from absl.testing import parameterized
 import pytest
 import tensorflow as tf
 
-from estimator_bf16 import launch
-from estimator_bf16.models import training
+from estimator_bf16.apps import launch
+from estimator_bf16.apps import training
 from tests import isolated_cache
 from tests import waiting
 
@@ -69,7 +69,7 @@ def tearDownModule():
 
 
 def _command(model_dir, steps=_STEPS, extra=()):
-  return [sys.executable, '-m', 'estimator_bf16.models.train_cli', '--model=mnist_mlp',
+  return [sys.executable, '-m', 'estimator_bf16.apps.train_cli', '--model=mnist_mlp',
           '--precision=bfloat16', '--distribute=multi_worker',
           '--model_dir=%s' % model_dir, '--train_steps=%d' % steps,
           '--train_batch_size=%d' % _BATCH, '--export=false',
@@ -82,7 +82,7 @@ def _launch(command, workers=2, evaluator=False, grace_secs=_GRACE_SECS):
   # under the module's root, removed at the end even for killed tasks.
   env = dict(os.environ, PYTHONPATH=_REPO, TMPDIR=_CACHE.root)
   return subprocess.Popen(
-      [sys.executable, '-m', 'estimator_bf16.launch',
+      [sys.executable, '-m', 'estimator_bf16.apps.launch',
        '--workers=%d' % workers, '--evaluator=%s' % evaluator,
        '--grace_secs=%d' % grace_secs, '--'] + command,
       cwd=_REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -245,7 +245,7 @@ class MultiWorkerTest(tf.test.TestCase):
     process = _launch(command)
     output, _ = process.communicate(timeout=600)
     self.assertEqual(0, process.returncode, output[-3000:])
-    # Both tasks start from the saved step (estimator_bf16.progress reads
+    # Both tasks start from the saved step (estimator_bf16.apps.progress reads
     # the global step once the session has restored it).
     for task in ('chief:0', 'worker:0'):
       self.assertRegex(output, r'\[%s\] .*\] resuming at step %d of 600' % (
@@ -305,7 +305,7 @@ class MultiWorkerTest(tf.test.TestCase):
                        extra=['--save_checkpoints_steps=100000'])
     process = _launch(command, grace_secs=30)
     with _drained(process) as lines:
-      # The chief's progress lines (estimator_bf16.progress).
+      # The chief's progress lines (estimator_bf16.apps.progress).
       _wait_until(
           lambda: any(int(m.group(1)) >= 200 for line in list(lines)
                       for m in [re.search(r'\] step (\d+)/', line)] if m),

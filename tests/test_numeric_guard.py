@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import activation_stats
-from estimator_bf16 import guards
-from estimator_bf16.models import training
+from estimator_bf16.apps import training
+from estimator_bf16.safety import activation_stats
+from estimator_bf16.safety import guards
 from tests import isolated_cache
 
 _CACHE = isolated_cache.IsolatedCache()

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_bf16.cpu import native_bfloat16
+from estimator_bf16.platform.cpu_bfloat16 import native_bfloat16
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Unit roundoff of bfloat16 (8 significant bits, round to nearest).

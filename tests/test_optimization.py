@@ -1,14 +1,14 @@
-"""Tests for estimator_bf16.models.optimization and estimator_bf16.adamw."""
+"""Tests for estimator_bf16.models.optimization and estimator_bf16.optimizers.adamw."""
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from estimator_bf16.adafactor import AdafactorOptimizer
-from estimator_bf16.adamw import AdamWeightDecayOptimizer
 from estimator_bf16.models import optimization
-from estimator_bf16 import optimizers
-from estimator_bf16.scope import bfloat16_scope
+from estimator_bf16.optimizers.adafactor import AdafactorOptimizer
+from estimator_bf16.optimizers.adamw import AdamWeightDecayOptimizer
+from estimator_bf16.optimizers import registry as optimizers
+from estimator_bf16.precision.scope import bfloat16_scope
 
 
 def setUpModule():

@@ -77,9 +77,9 @@ def test_the_wheel_holds_only_estimator_bf16(installed):
   assert tops == {'estimator_bf16', info}
   assert top_level == ['estimator_bf16']
   # The reference models and the programs come along inside it.
-  for module in ('estimator_bf16/models/train_cli.py',
+  for module in ('estimator_bf16/apps/train_cli.py',
                  'estimator_bf16/models/styles/bert_style.py',
-                 'estimator_bf16/tpu_submit/main.py',
+                 'estimator_bf16/apps/tpu_submit/main.py',
                  'estimator_bf16/compat/estimator.py'):
     assert module in names, module
   assert not any(name.startswith(('tests/', 'benchmarks/', 'scripts/'))
@@ -89,7 +89,7 @@ def test_the_wheel_holds_only_estimator_bf16(installed):
 def test_imports_from_the_wheel_not_the_repository(installed):
   _, python, _, outside = installed
   result = _run([python, '-c',
-                 'import estimator_bf16 as eb, estimator_bf16.models.training; '
+                 'import estimator_bf16 as eb, estimator_bf16.apps.training; '
                  'print(eb.__file__); print(eb.BACKEND)'], cwd=outside)
   assert result.returncode == 0, result.stderr
   location = result.stdout.split()[0]

@@ -1,4 +1,4 @@
-"""Tests for estimator_bf16/memory_planner.py: the memory planner (graphs only)."""
+"""Tests for estimator_bf16/memory/planner.py: the memory planner (graphs only)."""
 
 import functools
 
@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator_bf16.memory import peak as peak_memory
+from estimator_bf16.memory import plan_build
+from estimator_bf16.memory import planner as memory_planner
+from estimator_bf16.platform import cpu_bfloat16 as cpu
 from benchmarks import configs
 from benchmarks import graphs
 from benchmarks import planning
 from benchmarks import step_memory
-from estimator_bf16 import cpu
-from estimator_bf16 import memory_planner
-from estimator_bf16 import peak_memory
 from tests import legacy_model
 
 _IMAGE = tf.TensorSpec([16, 16, 1], tf.float32)
@@ -215,7 +216,7 @@ class ErrorsTest(parameterized.TestCase):
     with tf.Graph().as_default() as graph:
       tf.compat.v1.get_variable('w', [2])
     with self.assertRaisesRegex(ValueError, 'no gradients'):
-      memory_planner.variable_bytes(graph)
+      plan_build.variable_bytes(graph)
 
 
 # google-research/bert-style code (raw get_variable, tanh GELU, layer norm)

@@ -1,4 +1,4 @@
-"""Kill `python -m estimator_bf16.models.train_cli` at bad moments; it must resume correctly.
+"""Kill `python -m estimator_bf16.apps.train_cli` at bad moments; it must resume correctly.
 
 One model_dir goes through a series of real processes of the CLI, each
 stopped in a different way: SIGKILL at a random step, SIGKILL while a
@@ -23,8 +23,8 @@ from absl.testing import parameterized
 import pytest
 import tensorflow as tf
 
-from estimator_bf16 import checkpoint_repair
-from estimator_bf16 import preemption
+from estimator_bf16.safety import checkpoint_repair
+from estimator_bf16.safety import preemption
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STEPS = 60
@@ -92,7 +92,7 @@ class _Run(object):
     self.restored = None  # the step of 'Restoring parameters from'
     self.stopped = None  # 'Stopping at global step N on SIGTERM'
     command = [
-        sys.executable, '-m', 'estimator_bf16.models.train_cli', '--model=mnist_mlp',
+        sys.executable, '-m', 'estimator_bf16.apps.train_cli', '--model=mnist_mlp',
         '--precision=bfloat16', '--model_dir=' + model_dir,
         '--train_steps=%d' % _STEPS, '--train_batch_size=8',
         '--save_checkpoints_steps=%d' % _INTERVAL, '--keep_checkpoint_max=3',

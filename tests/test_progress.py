@@ -1,11 +1,11 @@
-"""Tests for estimator_bf16.progress: what a person sees while training."""
+"""Tests for estimator_bf16.apps.progress: what a person sees while training."""
 
 import io
 import re
 
 import tensorflow as tf
 
-from estimator_bf16 import progress
+from estimator_bf16.apps import progress
 
 
 def _train(hook, steps, stop_at=None):

@@ -9,7 +9,7 @@ import textwrap
 from absl.testing import parameterized
 import tensorflow as tf
 
-from estimator_bf16 import quiet
+from estimator_bf16.platform import quiet
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A TensorFlow C++ log line: '... port.cc:113] ...'.
@@ -61,7 +61,7 @@ class QuietCommandsTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       ('run', ['python', '-m', 'estimator_bf16', 'run', 'p.py'], '3'),
-      ('train', ['python', '-m', 'estimator_bf16.models.train_cli'], '3'),
+      ('train', ['python', '-m', 'estimator_bf16.apps.train_cli'], '3'),
       ('script', ['/venv/bin/estimator-bf16-train', '--model=x'], '3'),
       # What sys.orig_argv holds when the script's shebang starts Python.
       ('script_via_python', ['/venv/bin/python3.11',
@@ -69,7 +69,7 @@ class QuietCommandsTest(tf.test.TestCase, parameterized.TestCase):
        '3'),
       ('a_program_named_like_a_flag', ['python', 'x.py', 'tpu-submit'],
        None),
-      ('verbose', ['python', '-m', 'estimator_bf16.launch', '--verbose'],
+      ('verbose', ['python', '-m', 'estimator_bf16.apps.launch', '--verbose'],
        '0'),
       ('a_users_program', ['python', 'train.py'], None),
       ('another_module', ['python', '-m', 'estimator_bf16x'], None))

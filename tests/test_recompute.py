@@ -1,13 +1,13 @@
-"""Tests for gradients with recomputation (`estimator_bf16.recompute`)."""
+"""Tests for gradients with recomputation (`estimator_bf16.memory.recompute`)."""
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import graphs
-from estimator_bf16 import peak_memory
-from estimator_bf16 import recompute
 import estimator_bf16 as eb
+from estimator_bf16.memory import peak as peak_memory
+from estimator_bf16.memory import recompute
+from benchmarks import graphs
 
 _SCOPE = 'recompute_gradients'
 

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.autocast import op_lists
 from estimator_bf16.models import imagenet_input
 from estimator_bf16.models import resnet
 
@@ -21,8 +22,6 @@ _PRECISIONS = (
 # offset, dense kernel and bias; the published torchvision counts.
 _PARAMETERS = {18: 11689512, 34: 21797672, 50: 25557032, 101: 44549160,
                152: 60192808}
-_MATMUL_AND_CONV = ('MatMul', 'BatchMatMul', 'BatchMatMulV2', 'BatchMatMulV3',
-                    'Conv2D', 'Conv2DBackpropInput', 'Conv2DBackpropFilter')
 
 
 def setUpModule():
@@ -223,7 +222,7 @@ class ResNetTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual({v.dtype.base_dtype for v in variables}, {tf.float32})
     ops = graph.get_operations()
     self.assertEmpty([op.name for op in ops if op.type == 'SparseMatMul'])
-    heavy = [op for op in ops if op.type in _MATMUL_AND_CONV]
+    heavy = [op for op in ops if op.type in op_lists.MATMUL_CONV_OPS]
     self.assertGreater(len(heavy), 3 * 53)  # 53 convs + dense, fwd + bwd
     self.assertEmpty([(op.name, op.get_attr('T').name) for op in heavy
                       if op.get_attr('T') != tf.bfloat16])

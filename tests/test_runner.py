@@ -1,4 +1,4 @@
-"""Tests for `python -m estimator_bf16 run|check` (estimator_bf16.runner).
+"""Tests for `python -m estimator_bf16 run|check` (estimator_bf16.runner.program).
 
 The acceptance program, tests/legacy_tpu_main.py (absl flags, app.run,
 TPUEstimator, --use_tpu, a resolver built from an empty --tpu, train +
@@ -28,11 +28,12 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import cli
-from estimator_bf16 import run_report
-from estimator_bf16 import runner
-from estimator_bf16 import tpu_resolver
+from estimator_bf16.apps import cli
 from estimator_bf16.models import digits
+from estimator_bf16.runner import estimator_patches
+from estimator_bf16.runner import program as runner
+from estimator_bf16.runner import report as run_report
+from estimator_bf16.runner import tpu_resolver
 from tests import waiting
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -351,8 +352,7 @@ class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
              'argv': list(sys.argv), 'path': list(sys.path),
              'compat_installed': eb.compat.installed(),
              'sigterm': signal.getsignal(signal.SIGTERM)}
-    # pylint: disable=protected-access
-    for base, tpu in runner._estimator_classes():
+    for base, tpu in estimator_patches.estimator_classes():
       for owner in (base, tpu):
         for name in ('__init__', 'train', 'evaluate', 'predict'):
           state[(owner, name)] = vars(owner).get(name)
@@ -606,7 +606,7 @@ class CommandLineTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       ('precision', ['run', '--precision=float16', 'x.py'],
-       '--precision must be one of bfloat16, float32'),
+       '--precision must be one of float32, bfloat16'),
       ('audit', ['check', '--audit=loud', 'x.py'], '--audit must be one of'),
       ('missing', ['run', 'no_such_program.py'], 'no_such_program.py: no such'),
       ('command', ['train', 'x.py'], 'invalid choice'))

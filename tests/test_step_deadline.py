@@ -5,8 +5,8 @@ import threading
 
 import tensorflow as tf
 
-from estimator_bf16 import strategies
 from estimator_bf16.compat import step_deadline
+from estimator_bf16.distribute import strategies
 
 _TIMEOUT = 20.0
 

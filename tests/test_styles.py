@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16 import op_lists
+from estimator_bf16.autocast import op_lists
 from estimator_bf16.models.styles import STYLES
 
 MATRIX_OPS = op_lists.MATMUL_CONV_OPS

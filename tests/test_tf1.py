@@ -25,11 +25,11 @@ import tensorflow as tf
 from tensorflow.python.framework import tensor_shape
 
 import estimator_bf16 as eb
-from estimator_bf16 import cli
-from estimator_bf16 import runner
-from estimator_bf16 import tf1
-from estimator_bf16.tf1 import contrib as contrib_lib
-from estimator_bf16.tf1 import scope as scope_lib
+from estimator_bf16.apps import cli
+from estimator_bf16.runner import program as runner
+from estimator_bf16.runner import tf1
+from estimator_bf16.runner.tf1 import contrib as contrib_lib
+from estimator_bf16.runner.tf1 import scope as scope_lib
 from tests import test_runner
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -451,7 +451,7 @@ class ContribTest(tf.test.TestCase, parameterized.TestCase):
       readme = f.read()
     self.assertTrue(tf1.coverage_markdown() in readme,
                     'regenerate the README table from '
-                    'estimator_bf16.tf1.coverage_markdown():\n' +
+                    'estimator_bf16.runner.tf1.coverage_markdown():\n' +
                     tf1.coverage_markdown())
 
 

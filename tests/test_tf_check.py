@@ -9,11 +9,11 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Loads _tf_check.py on its own, so a fake TensorFlow can be checked without
-# the rest of the package (which needs a real one) being imported.
+# Loads platform/backend.py on its own, so a fake TensorFlow can be checked
+# without the rest of the package (which needs a real one) being imported.
 _CHECK_ONLY = textwrap.dedent("""
     import importlib.util, os
-    path = os.path.join(%r, 'estimator_bf16', '_tf_check.py')
+    path = os.path.join(%r, 'estimator_bf16', 'platform', 'backend.py')
     spec = importlib.util.spec_from_file_location('_tf_check', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -21,14 +21,14 @@ if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
 # pylint: disable=g-import-not-at-top
-from estimator_bf16.tpu_submit import command_runner as runner_lib
-from estimator_bf16.tpu_submit import main as tpu_submit
-from estimator_bf16.tpu_submit import packaging
+from estimator_bf16.apps.tpu_submit import command_runner as runner_lib
+from estimator_bf16.apps.tpu_submit import main as tpu_submit
+from estimator_bf16.apps.tpu_submit import packaging
 # pylint: enable=g-import-not-at-top
 
 PKG = 'estimator_bf16-0.1.0.tar.gz'
 SSH = ['compute', 'tpus', 'tpu-vm', 'ssh']
-# The smallest trainer command line: estimator_bf16.models.train_cli requires --model.
+# The smallest trainer command line: estimator_bf16.apps.train_cli requires --model.
 MODEL = ['--', '--model=mnist_mlp']
 
 
@@ -116,7 +116,7 @@ def _vertex_submit(**flags):
 
 def _remote(*user_args, data_dir=None):
   """The --command string expected on the TPU host."""
-  train = ['python3', '-m', 'estimator_bf16.models.train_cli', '--model_dir=gs://bucket/model']
+  train = ['python3', '-m', 'estimator_bf16.apps.train_cli', '--model_dir=gs://bucket/model']
   if data_dir:
     train.append('--data_dir=' + data_dir)
   train += ['--use_tpu', '--tpu=local', *user_args]
@@ -270,7 +270,7 @@ def test_vertex_submit_uploads_and_creates_job(gcloud, package, tmp_path):
       'executorImageUri':
           'us-docker.pkg.dev/vertex-ai/training/tf-tpu.2-15.cp310:latest',
       'packageUris': [staged],
-      'pythonModule': 'estimator_bf16.models.train_cli',
+      'pythonModule': 'estimator_bf16.apps.train_cli',
       'args': ['--model_dir=gs://bucket/model', '--use_tpu', '--tpu=local',
                '--model=mnist_mlp']}
   assert spec['scheduling'] == {'timeout': '7200s', 'strategy': 'SPOT'}
@@ -290,7 +290,7 @@ def test_vertex_container_image_skips_upload(gcloud, tmp_path):
   assert pool['machineSpec']['acceleratorType'] == 'TPU_V2'
   assert pool['containerSpec'] == {
       'imageUri': 'europe-docker.pkg.dev/p/r/trainer:1',
-      'command': ['python3', '-m', 'estimator_bf16.models.train_cli'],
+      'command': ['python3', '-m', 'estimator_bf16.apps.train_cli'],
       'args': ['--model_dir=gs://bucket/model', '--data_dir=gs://bucket/data',
                '--use_tpu', '--tpu=local', '--model=mnist_mlp']}
   assert 'scheduling' not in spec
@@ -534,7 +534,7 @@ def test_program_dry_run_prints_and_runs_nothing(gcloud, package, program,
     (dict(program='{folder}/missing.py'), 'missing.py: no such file'),
     (dict(program='{folder}/helper.txt'), 'give the Python program'),
     (dict(model_dir='gs://bucket/m'),
-     '--model-dir is a flag of estimator_bf16.models.train_cli; with --program'),
+     '--model-dir is a flag of estimator_bf16.apps.train_cli; with --program'),
     (dict(precision='float16'), '--precision=float16: use one of bfloat16, '
      'float32'),
     (dict(program=None, precision='float32'), '--precision goes with '
@@ -685,7 +685,7 @@ VALIDATION_CASES = {
         'a TPU job always runs with --use_tpu'),
     'trainer-needs-model': (
         _tpu('up') + ['--', '--precision=bfloat16'],
-        'no --model among the trainer arguments: estimator_bf16.models.train_cli needs one'),
+        'no --model among the trainer arguments: estimator_bf16.apps.train_cli needs one'),
     'trainer-needs-args': (
         _tpu('run'),
         'no --model among the trainer arguments'),
@@ -698,7 +698,7 @@ VALIDATION_CASES = {
         '--num_shards=32 after -- does not match the 8 cores of v3-8'),
     'num-shards-pod-slice': (
         _tpu('up', **_POD) + MODEL,
-        'v3-32 has 32 cores but estimator_bf16.models.train_cli defaults to 8 shards (one host); '
+        'v3-32 has 32 cores but estimator_bf16.apps.train_cli defaults to 8 shards (one host); '
         'add --num_shards=32 after --'),
     'trainer-args-on-delete': (
         _tpu('delete') + ['--', '--model=mnist_mlp'],
@@ -765,7 +765,7 @@ def test_accepted_trainer_args(gcloud, package, trainer_args):
 
 def test_runs_as_a_module():
   result = subprocess.run(
-      [sys.executable, '-m', 'estimator_bf16.tpu_submit', 'tpu-vm', 'up',
+      [sys.executable, '-m', 'estimator_bf16.apps.tpu_submit', 'tpu-vm', 'up',
        '--help'], capture_output=True, text=True, cwd=_REPO, check=False)
   assert result.returncode == 0, result.stderr
   assert '--accelerator-type' in result.stdout
@@ -774,7 +774,7 @@ def test_runs_as_a_module():
 
 def test_usage_error_exits_2_as_a_module():
   result = subprocess.run(
-      [sys.executable, '-m', 'estimator_bf16.tpu_submit', 'tpu-vm', 'up',
+      [sys.executable, '-m', 'estimator_bf16.apps.tpu_submit', 'tpu-vm', 'up',
        '--name=x'], capture_output=True, text=True, cwd=_REPO, check=False)
   assert result.returncode == 2, (result.returncode, result.stderr)
   assert 'error: the following arguments are required: --zone' in (

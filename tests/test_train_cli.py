@@ -1,9 +1,10 @@
-"""Tests for the training CLI, its library (`estimator_bf16.models.training`) and the head.
+"""Tests for the training CLI, its library and the head.
 
 Every model family trains a few steps in both precisions through
 `training.run` (the function the CLI calls), evaluates and exports; one
 subprocess runs the real command line. Bad options fail before any graph
-is built, with the flag named.
+is built, with the flag named (`train_options`); the registry's families
+and data sets agree with each other.
 """
 
 import dataclasses
@@ -22,11 +23,12 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.apps import precision_comparison
+from estimator_bf16.apps import registry
+from estimator_bf16.apps import train_cli
+from estimator_bf16.apps import train_options
+from estimator_bf16.apps import training
 from estimator_bf16.models import head
-from estimator_bf16.models import precision_comparison
-from estimator_bf16.models import registry
-from estimator_bf16.models import train_cli
-from estimator_bf16.models import training
 from tests import isolated_cache
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,7 +70,7 @@ def tearDownModule():
 @functools.lru_cache(maxsize=None)
 def _run(model, precision):
   """Trains `model` for _STEPS steps once per test module; cached."""
-  options = training.TrainOptions(
+  options = train_options.TrainOptions(
       model=model, precision=precision, train_steps=_STEPS,
       model_dir=os.path.join(_CACHE.root, model, precision), **_SMALL[model])
   return training.run(options)
@@ -77,7 +79,7 @@ def _run(model, precision):
 def _options(**overrides):
   fields = dict(model='mnist_mlp', model_dir='/nonexistent/model_dir')
   fields.update(overrides)
-  return training.TrainOptions(**fields)
+  return train_options.TrainOptions(**fields)
 
 
 @pytest.mark.slow
@@ -96,7 +98,8 @@ class FamilyTrainingTest(tf.test.TestCase, parameterized.TestCase):
     steps, losses = precision_comparison.read_scalars(model_dir, 'train/loss')
     self.assertAllEqual(steps, np.arange(_STEPS))
     self.assertTrue(np.all(np.isfinite(losses)))
-    rate_steps, _ = precision_comparison.read_scalars(model_dir, 'train/learning_rate')
+    rate_steps, _ = precision_comparison.read_scalars(model_dir,
+                                                      'train/learning_rate')
     self.assertLen(rate_steps, _STEPS)
     self.assertNotEmpty(tf.io.gfile.glob(os.path.join(model_dir, 'eval*')))
 
@@ -182,7 +185,7 @@ class OptionsTest(tf.test.TestCase, parameterized.TestCase):
     options = _options(**overrides)
     with mock.patch.object(registry, 'build') as build, \
         mock.patch.object(eb, 'make_tpu_estimator') as make_estimator:
-      with self.assertRaises(training.OptionError) as caught:
+      with self.assertRaises(train_options.OptionError) as caught:
         training.run(options)
     self.assertEqual(caught.exception.flag, flag)
     self.assertIn(flag, str(caught.exception))
@@ -190,29 +193,51 @@ class OptionsTest(tf.test.TestCase, parameterized.TestCase):
     make_estimator.assert_not_called()
 
   def test_defaults_come_from_the_registry(self):
-    options = training.prepare(_options(model='bert'))
+    options = train_options.prepare(_options(model='bert'))
     defaults = registry.DEFAULTS['bert']
     self.assertEqual(options.optimizer, defaults['optimizer'])
     self.assertEqual(options.bert_preset, defaults['bert_preset'])
     self.assertEqual(options.dataset, 'synthetic')
     self.assertEqual(options.warmup_steps, defaults['train_steps'] // 10)
-    digits = training.prepare(_options(eval_batch_size=90))
+    digits = train_options.prepare(_options(eval_batch_size=90))
     self.assertEqual((digits.dataset, digits.eval_steps), ('digits', 4))
 
   def test_data_dir_selects_the_real_data_set_and_its_sizes(self):
     data_dir = self.create_tempdir()
     data_dir.create_file('train-00000-of-00001')
     data_dir.create_file('validation-00000-of-00001')
-    options = training.prepare(_options(model='resnet',
-                                        data_dir=data_dir.full_path))
+    options = train_options.prepare(_options(model='resnet',
+                                             data_dir=data_dir.full_path))
     self.assertEqual(
         (options.dataset, options.resnet_depth, options.image_size,
          options.num_classes, options.eval_steps),
         ('imagenet', 50, 224, 1000, 50000 // options.eval_batch_size))
     # Flags still win over the data set's sizes.
-    options = training.prepare(_options(
+    options = train_options.prepare(_options(
         model='resnet', data_dir=data_dir.full_path, resnet_depth=18))
     self.assertEqual(options.resnet_depth, 18)
+
+  def test_training_names_the_options_of_train_options(self):
+    # Programs build a run with `training.run(training.TrainOptions(...))`.
+    self.assertIs(training.TrainOptions, train_options.TrainOptions)
+    self.assertIs(training.OptionError, train_options.OptionError)
+    self.assertIs(training.prepare, train_options.prepare)
+
+  def test_families_and_data_sets_agree(self):
+    self.assertEqual(registry.MODELS, tuple(registry.FAMILIES))
+    for name, family in registry.FAMILIES.items():
+      self.assertEqual(family.name, name)
+      builtin, *real = family.datasets
+      # The built-in data set reads no files; every other one does.
+      self.assertIsNone(registry.DATA[builtin].files, name)
+      for dataset in real:
+        self.assertLen(registry.DATA[dataset].files, 2, dataset)
+    fields = {field.name for field in
+              dataclasses.fields(train_options.TrainOptions)}
+    for name, dataset in registry.DATA.items():
+      self.assertEqual(dataset.name, name)
+      # A data set implies only options that exist.
+      self.assertContainsSubset(dataset.defaults, fields, name)
 
   def test_flags_parse_into_options(self):
     flag_values = flags.FlagValues()
@@ -230,7 +255,7 @@ class OptionsTest(tf.test.TestCase, parameterized.TestCase):
     # The CLI and `run(TrainOptions(...))` must start from the same run.
     flag_values = flags.FlagValues()
     train_cli.define_flags(flag_values)
-    for field in dataclasses.fields(training.TrainOptions):
+    for field in dataclasses.fields(train_options.TrainOptions):
       self.assertIn(field.name, flag_values)
       # `model` and `model_dir` have no default: required flags.
       expected = (None if field.default is dataclasses.MISSING
@@ -281,8 +306,8 @@ class CommandLineTest(tf.test.TestCase):
 
   def _run_cli(self, *arguments):
     return subprocess.run(
-        [sys.executable, '-m', 'estimator_bf16.models.train_cli'] + list(arguments), cwd=_REPO,
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, '-m', 'estimator_bf16.apps.train_cli'] +
+        list(arguments), cwd=_REPO, capture_output=True, text=True, timeout=600,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
 
   @pytest.mark.slow

@@ -6,12 +6,13 @@ and the nested `compat` copies), registers `tensorflow.estimator` /
 `tensorflow.compat.v1.estimator` (and their `tpu`, `export` submodules) in
 `sys.modules` so `import` statements find them, and on TensorFlow 2.16+
 points `tf.compat.v1.layers` at tf-keras' legacy layers (TensorFlow routes it
-to Keras 3, which has none). Every change is journaled with what was there
-before, and `uninstall()` puts exactly that back.
+to Keras 3, which has none). Every change is recorded with what was there
+before, and `uninstall()` puts exactly that back: the changes are a
+`patching.Patcher`'s swaps, which `install()` starts and `uninstall()` stops.
 
 TensorFlow's `compat.v1` modules are `TFModuleWrapper`s that keep the value
 in three places (the wrapped module, the wrapper's `__dict__`, and a fast
-lookup cache), so the journal records and restores all three.
+lookup cache), so their undo entries restore all three.
 """
 
 import importlib
@@ -21,14 +22,14 @@ import types
 
 import tensorflow as tf
 
-from estimator_bf16 import _tf_check
 from estimator_bf16.compat import config as config_lib
 from estimator_bf16.compat import estimator as estimator_lib
 from estimator_bf16.compat import estimator_spec as spec_lib
 from estimator_bf16.compat import export as export_lib
 from estimator_bf16.compat import tpu_estimator as tpu_lib
+from estimator_bf16.platform import backend as backend_lib
+from estimator_bf16.platform import patching
 
-_MISSING = object()
 _LEGACY_LAYERS = 'tf_keras.api._v1.keras.__internal__.legacy.layers'
 _TF_KERAS_HINT = (
     'tf.compat.v1.layers needs legacy Keras on TensorFlow 2.16+ (TensorFlow '
@@ -128,78 +129,104 @@ def _is_wrapper(module):
   return '_tfmw_wrapped_module' in vars(module)
 
 
-class _Journal(object):
-  """Remembers every attribute and sys.modules entry it changes."""
+def _set_attr(module, name, value, undo):
+  """Sets `module.name`, first appending how to undo it to `undo`."""
+  if _is_wrapper(module):
+    undo.append(_wrapper_undo(module, name))
+  else:
+    undo.append((module, name, vars(module).get(name, patching.MISSING)))
+  setattr(module, name, value)
 
-  def __init__(self):
-    self._undo = []
 
-  def set_attr(self, module, name, value):
-    if _is_wrapper(module):
-      self._undo.append(self._wrapper_undo(module, name))
-    else:
-      self._undo.append(self._plain_undo(module, name))
-    setattr(module, name, value)
+def _wrapper_undo(wrapper, name):
+  """Undoes `setattr(wrapper, name, ...)` on a `TFModuleWrapper`.
 
-  @staticmethod
-  def _plain_undo(module, name):
-    old = vars(module).get(name, _MISSING)
+  `setattr` alone cannot: the wrapper keeps the value in three places, and
+  its `__setattr__` also appends new names to its `__all__` list.
+  """
+  inner = vars(wrapper)['_tfmw_wrapped_module']
+  inner_old = vars(inner).get(name, patching.MISSING)
+  outer_old = vars(wrapper).get(name, patching.MISSING)
+  # pylint: disable=protected-access
+  cached = wrapper._fastdict_key_in(name)
+  cached_old = wrapper._fastdict_get(name) if cached else patching.MISSING
+  # pylint: enable=protected-access
+  exported_list = getattr(wrapper, '__all__', None)
+  exported = list(exported_list) if isinstance(exported_list, list) else None
 
-    def undo():
-      if old is _MISSING:
-        vars(module).pop(name, None)
+  def undo():
+    for namespace, old in ((vars(inner), inner_old),
+                           (vars(wrapper), outer_old)):
+      if old is patching.MISSING:
+        namespace.pop(name, None)
       else:
-        setattr(module, name, old)
-    return undo
-
-  @staticmethod
-  def _wrapper_undo(wrapper, name):
-    inner = vars(wrapper)['_tfmw_wrapped_module']
-    inner_old = vars(inner).get(name, _MISSING)
-    outer_old = vars(wrapper).get(name, _MISSING)
+        namespace[name] = old
     # pylint: disable=protected-access
-    cached = wrapper._fastdict_key_in(name)
-    cached_old = wrapper._fastdict_get(name) if cached else _MISSING
+    if cached_old is not patching.MISSING:
+      wrapper._fastdict_insert(name, cached_old)
+    elif wrapper._fastdict_key_in(name):
+      wrapper._fastdict_pop(name)
     # pylint: enable=protected-access
-    # The wrapper's __setattr__ appends new names to its __all__ list.
-    exported_list = getattr(wrapper, '__all__', None)
-    exported = list(exported_list) if isinstance(exported_list, list) else None
-
-    def undo():
-      for namespace, old in ((vars(inner), inner_old),
-                             (vars(wrapper), outer_old)):
-        if old is _MISSING:
-          namespace.pop(name, None)
-        else:
-          namespace[name] = old
-      # pylint: disable=protected-access
-      if cached_old is not _MISSING:
-        wrapper._fastdict_insert(name, cached_old)
-      elif wrapper._fastdict_key_in(name):
-        wrapper._fastdict_pop(name)
-      # pylint: enable=protected-access
-      if exported is not None:
-        exported_list[:] = exported
-    return undo
-
-  def set_module(self, name, module):
-    old = sys.modules.get(name, _MISSING)
-
-    def undo():
-      if old is _MISSING:
-        sys.modules.pop(name, None)
-      else:
-        sys.modules[name] = old
-    self._undo.append(undo)
-    sys.modules[name] = module
-
-  def rollback(self):
-    while self._undo:
-      self._undo.pop()()
+    if exported is not None:
+      exported_list[:] = exported
+  return undo
 
 
+def _set_module(name, module, undo):
+  """Sets `sys.modules[name]`, first appending how to undo it to `undo`."""
+  old = sys.modules.get(name, patching.MISSING)
+
+  def restore():
+    if old is patching.MISSING:
+      sys.modules.pop(name, None)
+    else:
+      sys.modules[name] = old
+  undo.append(restore)
+  sys.modules[name] = module
+
+
+def _namespace():
+  """The stand-in `tf.estimator` module, built once and reused."""
+  if _STATE['namespace'] is None:
+    _STATE['namespace'] = _build_namespace()
+  return _STATE['namespace']
+
+
+def _swap():
+  """Routes TensorFlow's API modules to this backend; the Patcher's apply.
+
+  The swaps exist so that unmodified programs' `tf.estimator` (and, on
+  TensorFlow 2.16+, `tf.compat.v1.layers`) resolve; they are undone when
+  the Patcher's last user stops (`uninstall()`).
+
+  Returns:
+    The undo list (see `patching.restore`).
+  """
+  namespace = _namespace()
+  undo = []
+  try:
+    layers = (_legacy_layers() if backend_lib.tf_version(tf) >= (2, 16)
+              else None)
+    for module, flavour in _api_modules():
+      _set_attr(module, 'estimator', namespace, undo)
+      if layers is not None and flavour == 'v1':
+        _set_attr(module, 'layers', layers, undo)
+    for prefix in ('tensorflow', 'tensorflow.compat.v1',
+                   'tensorflow.compat.v2'):
+      _set_module(prefix + '.estimator', namespace, undo)
+      _set_module(prefix + '.estimator.tpu', namespace.tpu, undo)
+      _set_module(prefix + '.estimator.export', namespace.export, undo)
+  except Exception:
+    patching.restore(undo)
+    raise
+  return undo
+
+
+_PATCHER = patching.Patcher(_swap)
+# `install()` / `uninstall()` are one user of the Patcher, started at most
+# once: calling install() again does nothing, and one uninstall() undoes it.
 _LOCK = threading.Lock()
-_STATE = {'journal': None, 'namespace': None}
+_STATE = {'installed': False, 'namespace': None}
 
 
 def install():
@@ -220,40 +247,21 @@ def install():
     The module that `tf.estimator` now is.
   """
   with _LOCK:
-    if _STATE['namespace'] is None:
-      _STATE['namespace'] = _build_namespace()
-    namespace = _STATE['namespace']
-    if _STATE['journal'] is not None:
-      return namespace
-    journal = _Journal()
-    try:
-      layers = (_legacy_layers() if _tf_check.tf_version(tf) >= (2, 16)
-                else None)
-      for module, flavour in _api_modules():
-        journal.set_attr(module, 'estimator', namespace)
-        if layers is not None and flavour == 'v1':
-          journal.set_attr(module, 'layers', layers)
-      for prefix in ('tensorflow', 'tensorflow.compat.v1',
-                     'tensorflow.compat.v2'):
-        journal.set_module(prefix + '.estimator', namespace)
-        journal.set_module(prefix + '.estimator.tpu', namespace.tpu)
-        journal.set_module(prefix + '.estimator.export', namespace.export)
-    except Exception:
-      journal.rollback()
-      raise
-    _STATE['journal'] = journal
-    return namespace
+    if not _STATE['installed']:
+      _PATCHER.start()
+      _STATE['installed'] = True
+    return _namespace()
 
 
 def uninstall():
   """Undoes `install()`: every module attribute and sys.modules entry it
   changed is as it was before. Does nothing if not installed."""
   with _LOCK:
-    journal, _STATE['journal'] = _STATE['journal'], None
-    if journal is not None:
-      journal.rollback()
+    if _STATE['installed']:
+      _STATE['installed'] = False
+      _PATCHER.stop()
 
 
 def installed():
   """True between `install()` and `uninstall()`."""
-  return _STATE['journal'] is not None
+  return _STATE['installed']

@@ -24,6 +24,10 @@ import re
 
 import tensorflow as tf
 
+from estimator_bf16.compat import estimator_spec as spec_lib
+
+ModeKeys = spec_lib.ModeKeys
+
 # Strategies whose replicas all hold the whole model and all-reduce their
 # gradients: the data parallelism this backend implements (class names of
 # the TF2 and the tf.compat.v1 spellings).
@@ -168,6 +172,39 @@ def call_for_each_replica(strategy, replica_fn):
     strategy.extended.call_for_each_replica(run_replica)
   # pylint: enable=protected-access
   return results
+
+
+def merge_replica_specs(specs, metrics, mode):
+  """One EstimatorSpec standing for the specs of all local replicas.
+
+  Args:
+    specs: each local replica's `EstimatorSpec`, by local index.
+    metrics: in EVAL mode, each replica's {name: (value, update op)}, its
+      loss metric included; otherwise ignored.
+    mode: TRAIN or EVAL.
+
+  Returns:
+    An `EstimatorSpec` with the mean of the replicas' losses, their train
+    ops grouped, each eval metric's value (the metrics aggregate over the
+    replicas themselves) with every replica's update; hooks and scaffold
+    are the first replica's.
+  """
+  first = specs[0]
+  loss = tf.add_n([spec.loss for spec in specs]) / float(len(specs))
+  eval_metric_ops = None
+  if mode == ModeKeys.EVAL:
+    eval_metric_ops = {
+        key: (value, tf.group(*[replica[key][1] for replica in metrics]))
+        for key, (value, _) in metrics[0].items()}
+  train_op = None
+  if mode == ModeKeys.TRAIN:
+    train_op = tf.group(*[spec.train_op for spec in specs])
+  return spec_lib.EstimatorSpec(
+      mode=mode, loss=loss, train_op=train_op,
+      eval_metric_ops=eval_metric_ops, scaffold=first.scaffold,
+      training_hooks=first.training_hooks,
+      training_chief_hooks=first.training_chief_hooks,
+      evaluation_hooks=first.evaluation_hooks)
 
 
 def session_config(strategy, config):

@@ -4,8 +4,8 @@ A legacy model_fn constructs these by keyword (`TPUEstimatorSpec(mode,
 loss=loss, train_op=train_op, eval_metrics=(metric_fn, [labels, logits]))`),
 so the classes are namedtuples with the field names and order of
 `tf.compat.v1.estimator.EstimatorSpec` / `tf.compat.v1.estimator.tpu.
-TPUEstimatorSpec`. That also lets `estimator_bf16.float32_spec.float32_spec` (duck
-typed on those fields) make them float32 exactly as it does the real ones.
+TPUEstimatorSpec`. That also lets `estimator_bf16.precision.float32_spec.
+float32_spec` (duck typed on those fields) make them float32 exactly as it does the real ones.
 Validation happens at construction, where the model_fn author can still see
 which argument is wrong.
 """
@@ -14,16 +14,19 @@ import collections
 
 import tensorflow as tf
 
+from estimator_bf16.autocast import op_lists
+from estimator_bf16.estimator import calling
+
 
 class ModeKeys(object):
   """The three modes a model_fn is called in; the strings are tf.estimator's.
 
-  `estimator_bf16.wrappers` compares with these plain strings, which is why
-  both backends can share the precision logic.
+  They are `estimator_bf16.estimator.calling`'s, which the precision logic
+  compares with: that is why both backends can share it.
   """
-  TRAIN = 'train'
-  EVAL = 'eval'
-  PREDICT = 'infer'
+  TRAIN = calling.TRAIN
+  EVAL = calling.EVAL
+  PREDICT = calling.PREDICT
 
 
 _MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
@@ -58,7 +61,7 @@ def _check_train_op(train_op, mode):
     return None
   op = getattr(train_op, 'op', None)
   if (isinstance(train_op, tf.Variable) and isinstance(op, tf.Operation) and
-      op.type not in ('VarHandleOp', 'VariableV2')):
+      op.type not in op_lists.VARIABLE_OPS):
     # The not-yet-read result of an assignment (what a v1 optimizer returns
     # under MultiWorkerMirroredStrategy on TensorFlow 2.16+): its op is the
     # update itself.

@@ -1,33 +1,13 @@
-"""Calling an input_fn / model_fn the way tf.estimator does, in graph mode.
+"""Building a compat Estimator's inputs from an input_fn, in graph mode.
 
-Arguments are passed by name: `params`, `mode`, `config` (and, under a
-distribution strategy, `input_context`) only if the function declares them,
-so `input_fn(params)`, `input_fn()` and `model_fn(features, labels, mode,
-params)` all work unchanged.
+The input_fn is called by the Estimator's calling rule
+(`estimator_bf16.estimator.calling`); its Dataset becomes an initializable
+iterator on the host's CPU, one element per local replica.
 """
-
-import inspect
 
 import tensorflow as tf
 
-_MODEL_FN_ARGS = ('labels', 'mode', 'params', 'config')
-_INPUT_FN_ARGS = ('params', 'mode', 'config')
-
-
-def arg_names(fn, what):
-  """Returns the names of `fn`'s parameters (functools.partial-aware).
-
-  Raises:
-    TypeError: `fn` is not callable or has no readable signature.
-  """
-  if not callable(fn):
-    raise TypeError('%s must be callable, got %r.' % (what, fn))
-  try:
-    parameters = inspect.signature(fn).parameters.values()
-  except (TypeError, ValueError) as e:
-    raise TypeError('Cannot read the signature of %s %r: %s' % (what, fn, e))
-  return tuple(p.name for p in parameters
-               if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+from estimator_bf16.estimator import calling
 
 
 class _IteratorInitializerHook(tf.compat.v1.train.SessionRunHook):
@@ -86,12 +66,11 @@ def call_input_fn(input_fn, params, mode, config, input_context=None,
     ValueError: `replicas` is set and input_fn returned tensors, which
       every replica would share.
   """
-  names = arg_names(input_fn, 'input_fn')
-  kwargs = {'params': params, 'mode': mode, 'config': config,
-            'input_context': input_context}
+  kwargs = calling.input_fn_kwargs(input_fn, params, mode, config,
+                                   input_context)
   with tf.device(device):
     # The host builds the input pipeline, as TPUEstimator does.
-    result = input_fn(**{k: v for k, v in kwargs.items() if k in names})
+    result = input_fn(**kwargs)
     hooks = []
     if isinstance(result, tf.data.Dataset):
       iterator = tf.compat.v1.data.make_initializable_iterator(result)
@@ -110,22 +89,3 @@ def call_input_fn(input_fn, params, mode, config, input_context=None,
     features, labels = pairs[0]
     return features, labels, hooks
   return [f for f, _ in pairs], [l for _, l in pairs], hooks
-
-
-def call_model_fn(model_fn, features, labels, mode, params, config):
-  """Calls `model_fn` with the arguments it declares; returns its result.
-
-  Raises:
-    ValueError: model_fn takes no `labels` but labels were given.
-  """
-  names = arg_names(model_fn, 'model_fn')
-  if 'features' not in names:
-    raise ValueError('model_fn must take a `features` argument; it takes %s.'
-                     % (names,))
-  if labels is not None and 'labels' not in names:
-    raise ValueError('model_fn does not take labels, but input_fn returns '
-                     'labels.')
-  values = {'labels': labels, 'mode': mode, 'params': params,
-            'config': config}
-  kwargs = {k: v for k, v in values.items() if k in names}
-  return model_fn(features=features, **kwargs)

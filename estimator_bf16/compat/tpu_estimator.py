@@ -24,7 +24,7 @@ import tensorflow as tf
 from estimator_bf16.compat import distribute
 from estimator_bf16.compat import estimator as estimator_lib
 from estimator_bf16.compat import estimator_spec as spec_lib
-from estimator_bf16.compat import inputs
+from estimator_bf16.estimator import calling
 
 ModeKeys = spec_lib.ModeKeys
 
@@ -147,7 +147,7 @@ class TPUEstimator(estimator_lib.Estimator):
                                 'a TPU; this backend runs on the host.')
     if model_fn is None:
       raise ValueError('TPUEstimator needs a model_fn.')
-    if 'params' not in inputs.arg_names(model_fn, 'model_fn'):
+    if 'params' not in calling.arg_names(model_fn, 'model_fn'):
       raise ValueError('model_fn %r must take a `params` argument: '
                        'TPUEstimator passes the batch size as '
                        "params['batch_size']." % (model_fn,))
@@ -187,7 +187,7 @@ class TPUEstimator(estimator_lib.Estimator):
     return params
 
   def _build(self, input_fn, mode):
-    if 'params' not in inputs.arg_names(input_fn, 'input_fn'):
+    if 'params' not in calling.arg_names(input_fn, 'input_fn'):
       raise ValueError('input_fn %r must take a `params` argument: '
                        "TPUEstimator passes the batch size as "
                        "params['batch_size']." % (input_fn,))

@@ -202,32 +202,3 @@ def synthetic_bert_input_fn_builder(*, seq_length, vocab_size, num_labels=2,
     return dataset.prefetch(tf.data.AUTOTUNE)
 
   return input_fn
-
-
-def write_bert_tfrecord(path, examples):
-  """Writes classification examples as `run_classifier`-format TFRecords.
-
-  Args:
-    path: output file.
-    examples: iterable of dicts with `input_ids`, `input_mask`,
-      `segment_ids` (sequences of ints, all the same length) and `label_ids`
-      (an int). `is_real_example` = 1 is added so BERT's own
-      `run_classifier.py` reads the file too.
-
-  Returns:
-    Number of records written.
-  """
-  count = 0
-  with tf.io.TFRecordWriter(path) as writer:
-    for example in examples:
-      def ints(values):
-        return tf.train.Feature(int64_list=tf.train.Int64List(
-            value=[int(v) for v in values]))
-
-      feature = {key: ints(example[key]) for key in _ID_KEYS}
-      feature['label_ids'] = ints([example['label_ids']])
-      feature['is_real_example'] = ints([1])
-      record = tf.train.Example(features=tf.train.Features(feature=feature))
-      writer.write(record.SerializeToString())
-      count += 1
-  return count

@@ -16,7 +16,7 @@ list active; the same model_fn trains in float32 without the wrapper.
 import tensorflow as tf
 
 from estimator_bf16.models import optimization
-from estimator_bf16 import optimizers
+from estimator_bf16.optimizers import registry as optimizers
 
 _SERVING_KEY = (
     tf.compat.v1.saved_model.signature_constants

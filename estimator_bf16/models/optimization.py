@@ -1,6 +1,6 @@
 """Learning-rate schedule and train op for the reference models.
 
-The optimizers themselves are `estimator_bf16.optimizers` (shared with the
+The optimizers themselves are `estimator_bf16.optimizers.registry` (shared with the
 memory planner):
 
   lr = learning_rate_schedule(1e-4, global_step, warmup_steps=100,

@@ -4,7 +4,6 @@
 its moving averages go to UPDATE_OPS, slim's default.
 """
 
-import tensorflow as tf
 import tf_slim as slim
 
 from estimator_bf16.models.styles import synthetic

@@ -1,0 +1,1 @@
+"""The command-line programs and the training application behind them."""

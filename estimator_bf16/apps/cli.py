@@ -1,0 +1,326 @@
+"""`python -m estimator_bf16 run|check [OPTIONS] PROGRAM.py [PROGRAM ARGS...]`.
+
+Also installed as the console script `estimator-bf16`. Options go before
+PROGRAM; everything after it is the program's own command line, passed on
+verbatim (even arguments that look like ours, such as a program's own
+`--precision`).
+
+The environment variables TensorFlow reads at import are set here, before
+TensorFlow is imported: `TF_USE_LEGACY_KERAS=1` on TensorFlow 2.16+ (legacy
+programs use tf.keras 2 and tf.compat.v1.layers), and, with `--memory`,
+`TF_CPU_ALLOCATOR_USE_BFC=true` (the allocator statistics the peak is
+read from). A variable already set is left as it is.
+"""
+
+import argparse
+import functools
+import importlib.metadata
+import os
+import sys
+
+from estimator_bf16.platform import quiet
+from estimator_bf16.precision import audit as audit_lib
+from estimator_bf16.precision import policy
+
+EXIT_USAGE = 2
+EXIT_CHECK_FAILED = 1
+EXIT_INTERRUPTED = 130  # What a shell reports for a process Ctrl-C ended.
+
+
+def build_parser():
+  """The `estimator_bf16 run|check` parser, built on call (not at import)."""
+  parser = argparse.ArgumentParser(
+      prog='estimator_bf16', allow_abbrev=False,
+      description='Run an unmodified Estimator/TPUEstimator program in '
+      'bfloat16 (run), or check its TRAIN graph and memory without '
+      'training (check).')
+  commands = parser.add_subparsers(dest='command', required=True)
+  for name, help_text in (
+      ('run', 'run PROGRAM as `python PROGRAM ARGS` would, with every '
+       'Estimator in --precision; print a short report at exit'),
+      ('check', 'build the TRAIN graph of PROGRAM (stopping at its first '
+       'train call), print the audit and the memory plan; exit 1 on '
+       'problems')):
+    command = commands.add_parser(name, help=help_text, description=help_text,
+                                  allow_abbrev=False)
+    command.add_argument('--precision', default='bfloat16',
+                         help='bfloat16 (default) or float32 (runs the '
+                         'program unchanged, for a parity run)')
+    command.add_argument('--audit', default='strict',
+                         help='strict (default: a precision mistake in the '
+                         'TRAIN graph stops the program), warn, or off')
+    command.add_argument('--exclude', default='',
+                         help='comma-separated feature keys never cast')
+    command.add_argument('--tf1', action=argparse.BooleanOptionalAction,
+                         default=None,
+                         help='run PROGRAM with the TF 1.x API '
+                         '(`import tensorflow as tf` is tf.compat.v1 plus '
+                         'a mapped tf.contrib); default: detected from its '
+                         'source')
+    command.add_argument('--tf1_path', action='append', default=[],
+                         metavar='FOLDER',
+                         help='a folder of more TF 1.x modules the program '
+                         'imports (its own folder always counts); repeatable')
+    # Read before TensorFlow loads (estimator_bf16.platform.quiet).
+    command.add_argument('--verbose', action='store_true',
+                         help=quiet.VERBOSE_HELP)
+    command.add_argument('--accumulate', type=int, default=1, metavar='K',
+                         help='gradient accumulation: each update applies '
+                         'the mean gradient of K micro-batches of '
+                         'train_batch_size / K (default 1: off)')
+    command.add_argument('--recompute', action='store_true',
+                         help='recompute activations during backprop instead '
+                         'of keeping them: a lower peak for about one more '
+                         'forward pass')
+    command.add_argument('--report', metavar='PATH',
+                         help='also write the exit report as JSON to PATH')
+    command.add_argument(
+        '--fit', action='store_true',
+        help=('plan every combination of precision, --accumulate and '
+              '--recompute for the batch, mark the cheapest that fits '
+              '--device or --memory_budget; exit 1 if none does'
+              if name == 'check' else
+              'plan the step (the program runs up to its first train call) '
+              'for this machine, where it trains, then run it with the '
+              'cheapest levers that fit --device or --memory_budget, '
+              'measuring the step; exit 1 without training if none fits'))
+    command.add_argument('--device', metavar='DEVICE',
+                         help='with --fit: the memory of one core or chip '
+                         'of tpu-v2, tpu-v3, tpu-v4, tpu-v5e or tpu-v5p')
+    command.add_argument('--memory_budget', metavar='SIZE',
+                         help='with --fit: memory per core, in bytes or '
+                         'e.g. 512MiB, 8GiB')
+    if name == 'run':
+      command.add_argument('--memory', action='store_true',
+                           help='measure the peak memory of a training step')
+    command.add_argument('program', metavar='PROGRAM.py')
+    command.add_argument('program_args', nargs=argparse.REMAINDER,
+                         metavar='ARGS', help="the program's own arguments")
+  return parser
+
+
+def _error(message):
+  print('estimator_bf16: error: %s' % message, file=sys.stderr)
+  return EXIT_USAGE
+
+
+def _interrupted(planning):
+  print('estimator_bf16: stopped by Ctrl-C%s.' % (
+      ' while planning; nothing was trained' if planning else ''),
+        file=sys.stderr)
+  return EXIT_INTERRUPTED
+
+
+def _tensorflow_version():
+  """(major, minor) of the installed TensorFlow, read without importing it."""
+  try:
+    version = importlib.metadata.version('tensorflow')
+  except importlib.metadata.PackageNotFoundError:
+    return (0, 0)
+  try:
+    return tuple(int(part) for part in version.split('.')[:2])
+  except ValueError:
+    return (0, 0)
+
+
+def _misplaced_options(args, program_flags):
+  """Our options given after PROGRAM.py that the program does not define."""
+  parser = build_parser()
+  command = next(a for a in parser._actions  # pylint: disable=protected-access
+                 if isinstance(a, argparse._SubParsersAction)  # pylint: disable=protected-access
+                 ).choices[args.command]
+  ours = [option for action in command._actions  # pylint: disable=protected-access
+          for option in action.option_strings if option.startswith('--')]
+  found = []
+  for option in ours:
+    if option == '--help' or option[2:] in program_flags:
+      continue
+    if any(arg == option or arg.startswith(option + '=')
+           for arg in args.program_args):
+      found.append(option)
+  return found
+
+
+def _fit_budget(args):
+  """The --fit budget in bytes, or the one-line reason it is not valid."""
+  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.memory import fit
+  # pylint: enable=g-import-not-at-top
+  if not args.fit:
+    return '--device and --memory_budget go with --fit.'
+  if (args.device is None) == (args.memory_budget is None):
+    return ('--fit needs exactly one of --device (%s) and --memory_budget '
+            '(e.g. 8GiB).' % ', '.join(fit.DEVICE_BYTES))
+  if args.accumulate != 1 or args.recompute:
+    return ('--fit chooses --accumulate and --recompute itself; drop them, '
+            'or drop --fit to check the levers you give.')
+  try:
+    if args.device is not None:
+      return fit.device_bytes(args.device)
+    return fit.parse_size(args.memory_budget)
+  except ValueError as e:
+    return '--%s: %s' % ('device' if args.device else 'memory_budget', e)
+
+
+def _write_report(path, data):
+  """Writes `data` as JSON to `path`; a failure is one line on stderr."""
+  # pylint: disable=g-import-not-at-top
+  import json
+  # pylint: enable=g-import-not-at-top
+  try:
+    with open(path, 'w') as out:
+      json.dump(data, out, indent=2, sort_keys=True)
+  except OSError as e:
+    print('estimator_bf16: error: --report %s: %s' % (path, e.strerror or e),
+          file=sys.stderr)
+
+
+def _set_environment(args):
+  if _tensorflow_version() >= (2, 16):
+    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+  if getattr(args, 'memory', False) or (args.command == 'run' and args.fit):
+    os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
+
+
+def main(argv=None):
+  """Runs the command line; returns the exit code.
+
+  `run` returns the program's own exit code; with --fit, 1 without
+  training when nothing fits, the plan fails or (--audit=strict) the TRAIN
+  graph has audit problems. `check` returns 0 when the TRAIN graph was
+  built without audit problems (and, with --fit, something fits), 1
+  otherwise. A bad command line (unknown precision, missing program, a bad
+  --device or --memory_budget) returns 2 before anything runs.
+  """
+  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    args = build_parser().parse_args(argv)
+  except SystemExit as e:  # argparse printed the usage (or --help).
+    return e.code if isinstance(e.code, int) else EXIT_USAGE
+  if args.precision not in policy.PRECISIONS:
+    return _error('--precision must be one of %s, got %r.' % (
+        ', '.join(policy.PRECISIONS), args.precision))
+  if args.audit not in audit_lib.AUDIT_MODES:
+    return _error('--audit must be one of %s, got %r.' % (
+        ', '.join(audit_lib.AUDIT_MODES), args.audit))
+  if args.accumulate < 1:
+    return _error('--accumulate must be an integer >= 1 (micro-batches per '
+                  'update), got %d.' % args.accumulate)
+  # Before anything imports TensorFlow (the --fit budget's module does).
+  _set_environment(args)
+  budget = None
+  if args.fit or args.device or args.memory_budget:
+    budget = _fit_budget(args)
+    if isinstance(budget, str):
+      return _error(budget)
+  if not os.path.isfile(args.program):
+    return _error('%s: no such file (give the Python program to run).' %
+                  args.program)
+  exclude = tuple(key for key in args.exclude.split(',') if key)
+
+  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.runner import report as run_report
+  from estimator_bf16.runner import program as runner
+  # pylint: enable=g-import-not-at-top
+  check = args.command == 'check'
+  plan_fn = None
+  # --precision=float32 wins over the fit: only float32 is considered.
+  precisions = (('float32',) if args.precision == 'float32' else
+                ('float32', 'bfloat16'))
+  if budget is not None and not check:
+    return _run_fit(args, budget, precisions, exclude)
+  if budget is not None:
+    plan_fn = functools.partial(run_report.fit_plans, budget_bytes=budget,
+                                precisions=precisions,
+                                on_tpu=args.device is not None)
+  elif check:
+    plan_fn = functools.partial(
+        run_report.memory_plans,
+        gradient_accumulation_steps=args.accumulate,
+        recompute=args.recompute)
+  try:
+    result = runner.run_program(
+        args.program, args.program_args, precision=args.precision,
+        audit=args.audit, exclude=exclude,
+        memory=getattr(args, 'memory', False), check=check,
+        tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
+        gradient_accumulation_steps=args.accumulate,
+        recompute=args.recompute,
+        plan_fn=plan_fn)
+  except runner.ProgramError as e:
+    return _error(str(e))
+  except KeyboardInterrupt:
+    # The program's own Ctrl-C is handled by the runner; this one came
+    # outside it, in check mode while planning (minutes for BERT-base).
+    return _interrupted(check)
+  sys.stdout.flush()
+  code = result.exit_code
+  if check:
+    passed = run_report.check_passed(result) and run_report.fit_passed(
+        result, fit_requested=budget is not None)
+    code = 0 if passed else EXIT_CHECK_FAILED
+  if args.report:
+    _write_report(args.report, run_report.report_json(result, budget, code))
+  if check:
+    print(run_report.format_check_report(
+        result, fit_requested=budget is not None), end='', flush=True)
+    return code
+  # After the program's own output, on stderr: the program's stdout stays
+  # what it would be without the runner.
+  print(run_report.format_run_report(result), end='', file=sys.stderr,
+        flush=True)
+  _explain_misplaced(args, result)
+  return result.exit_code
+
+
+def _explain_misplaced(args, result):
+  if result.exit_code:
+    for option in _misplaced_options(args, result.program_flags):
+      print('estimator_bf16: %s is an option of `%s`, not of the program: '
+            'put it before %s (everything after PROGRAM.py goes to the '
+            'program).' % (option, args.command, args.program),
+            file=sys.stderr)
+
+
+def _run_fit(args, budget, precisions, exclude):
+  """`run --fit`: plan, print the table, train with the choice, report."""
+  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.runner import fit_run
+  from estimator_bf16.runner import report as run_report
+  from estimator_bf16.runner import program as runner
+  # pylint: enable=g-import-not-at-top
+
+  def announce(planning):
+    lines = [''] + run_report.fit_lines(planning.plans)
+    lines.append('estimator_bf16 run --fit: running %s with %s' % (
+        args.program, planning.plans.chosen.describe()))
+    print('\n'.join(lines), file=sys.stderr, flush=True)
+
+  try:
+    planning, result = fit_run.run_with_fit(
+        args.program, args.program_args, budget_bytes=budget,
+        precisions=precisions, audit=args.audit, exclude=exclude,
+        tf1=args.tf1, tf1_paths=tuple(args.tf1_path), on_choice=announce)
+  except runner.ProgramError as e:
+    return _error(str(e))
+  except KeyboardInterrupt:
+    # Between the program's two runs: planning, before any training.
+    return _interrupted(True)
+  sys.stdout.flush()
+  final = result if result is not None else planning
+  code = (result.exit_code if result is not None else
+          planning.exit_code or EXIT_CHECK_FAILED)
+  if args.report:
+    _write_report(args.report, run_report.report_json(final, budget, code))
+  if result is None:
+    # Nothing trained: the plan's report says why (the program's failure,
+    # audit problems, or the table and the advice when nothing fits).
+    print(run_report.format_check_report(planning, True).replace(
+        'estimator_bf16 check:', 'estimator_bf16 run --fit (planning, '
+        'nothing trained):', 1), end='', file=sys.stderr, flush=True)
+    _explain_misplaced(args, planning)
+    return code
+  print(run_report.format_run_report(result), end='', file=sys.stderr,
+        flush=True)
+  _explain_misplaced(args, result)
+  return result.exit_code

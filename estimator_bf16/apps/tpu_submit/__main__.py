@@ -1,0 +1,8 @@
+"""`python -m estimator_bf16.apps.tpu_submit`: the `tpu-submit` program."""
+
+import sys
+
+from estimator_bf16.apps.tpu_submit import main
+
+if __name__ == '__main__':
+  sys.exit(main.main())

@@ -1,0 +1,130 @@
+"""The float32 list: numerically sensitive ops computed in float32.
+
+Losses, reductions, statistics and summaries (`op_lists.FLOAT32_OPS`)
+compute in float32 and give float32 results; softmax and log-softmax
+(`op_lists.FLOAT32_KEEP_DTYPE_OPS`) compute in float32 and hand back their
+input's dtype, rounding the result. Each rounding, and TensorFlow's own
+cast of a float32-list result back to 16 bits, is remembered (`rounding`)
+so that float32 math and the model_fn's outputs use the float32 value; the
+gradients of these ops read bfloat16 tensors, not float32 copies.
+"""
+
+import tensorflow as tf
+
+from estimator_bf16.autocast import casts
+from estimator_bf16.autocast import gradients as autocast_gradients
+from estimator_bf16.autocast import graph_queries
+from estimator_bf16.autocast import op_lists
+from estimator_bf16.autocast import rounding
+from estimator_bf16.autocast import slots as slots_lib
+from estimator_bf16.autocast import state
+
+# Ops between a float32-list op and the cast that rounds its result in
+# TensorFlow's own loss code: rearrangements and the final division of a mean.
+_PASS_THROUGH = frozenset(rounding.REARRANGING) | op_lists.LOSS_TAIL_OPS
+
+
+def float32_op(op_def, op_type, name, keywords):
+  """Builds a float32-list op (`op_lists.FLOAT32_OPS`) in float32.
+
+  16-bit inputs are cast to float32. If an input is a float32 copy of a
+  bfloat16 tensor, the op's gradient reads that tensor again instead of
+  keeping the copy.
+
+  Args:
+    op_def: the op's `OpDef` proto.
+    op_type: the op type.
+    name: the op name asked for, or None.
+    keywords: the op's keyword arguments, changed in place.
+
+  Returns:
+    `_apply_op_helper`'s 4-tuple.
+  """
+  casts.cast_half_inputs(op_def, keywords, tf.float32)
+  result = state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+  op = result[2]
+  if any(graph_queries.bfloat16_source(t) is not None for t in op.inputs):
+    autocast_gradients.read_bfloat16_inputs_in_gradient(op)
+  return result
+
+
+def _float32_list_result(value, depth=4):
+  """True if float32 `value` comes from a float32-list op within `depth` ops."""
+  if value.dtype.base_dtype != tf.float32:
+    return False
+  op = value.op
+  if (op.type in op_lists.FLOAT32_OPS or
+      op.type in op_lists.FLOAT32_KEEP_DTYPE_OPS):
+    return True
+  if depth == 0 or op.type not in _PASS_THROUGH:
+    return False
+  return any(_float32_list_result(t, depth - 1) for t in op.inputs)
+
+
+def remember_rounding(op_type, name, keywords):
+  """A cast of a float32-list result to 16 bits is remembered as a rounding.
+
+  TensorFlow's own loss code (`softmax_cross_entropy_with_logits`,
+  `tf.compat.v1.losses.*`) computes in float32 and casts the result back to
+  its input's dtype; a loss reduced from it, or returned by the model_fn,
+  then uses the float32 value instead of its rounding.
+
+  Model code written for bfloat16 by hand does the same with attention:
+  `tf.cast(tf.nn.softmax(tf.cast(scores, tf.float32)), tf.bfloat16)` (the
+  tensorflow/tpu pattern). That softmax then gets the gradient autocast
+  gives its own float32 softmax, which reads the rounding, so the float32
+  probabilities are freed once cast instead of held for the backward pass.
+
+  Args:
+    op_type: `'Cast'`.
+    name: the op name asked for, or None.
+    keywords: the cast's keyword arguments (`x` is what is cast).
+
+  Returns:
+    `_apply_op_helper`'s 4-tuple for the cast, built as asked.
+  """
+  result = state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+  source = keywords.get('x')
+  outputs = result[3]
+  if (isinstance(source, tf.Tensor) and outputs and
+      outputs[0].dtype.base_dtype in rounding.HALF_DTYPES and
+      _float32_list_result(source)):
+    rounding.remember_float32_original(outputs[0], source)
+    if source.op.type == 'Softmax':
+      autocast_gradients.round_softmax_gradient(source.op)
+  return result
+
+
+def float32_keep_dtype(op_def, op_type, name, keywords):
+  """Builds softmax or log-softmax in float32, rounded to its input's dtype.
+
+  Args:
+    op_def: the op's `OpDef` proto.
+    op_type: one of `op_lists.FLOAT32_KEEP_DTYPE_OPS`.
+    name: the op name asked for, or None.
+    keywords: the op's keyword arguments, changed in place.
+
+  Returns:
+    `_apply_op_helper`'s 4-tuple; its outputs are 16-bit roundings of the
+    float32 results (remembered as such) when an input was 16-bit.
+  """
+  dtypes = [slots_lib.dtype_of(slots_lib.get(keywords, slot))
+            for group in slots_lib.slots(op_def, keywords).values()
+            for slot in group]
+  half = next((d for d in dtypes if d in rounding.HALF_DTYPES), None)
+  if half is None:
+    return state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+  casts.cast_half_inputs(op_def, keywords, tf.float32)
+  structure, stateful, op, outputs = state.ORIGINAL_APPLY_OP(
+      op_type, name=name, **keywords)
+  if op_type == 'Softmax':
+    autocast_gradients.round_softmax_gradient(op)
+  rounded = []
+  for output in outputs:
+    if output.dtype == tf.float32:
+      value = tf.cast(output, half, name=op.name.split('/')[-1] + '_' +
+                      half.name)
+      rounding.remember_float32_original(value, output)
+      output = value
+    rounded.append(output)
+  return structure, stateful, op, rounded

@@ -1,0 +1,118 @@
+"""Which op types compute in which dtype under autocast, by op type.
+
+Like TensorFlow's grappler mixed-precision lists, the rules name op types
+(what the graph holds), not Python functions, so they hold however the op
+was reached: `tf.nn.softmax`, a closure, Keras, tf-slim or TensorFlow's own
+internal callers all create the same `Softmax` op.
+
+* `BFLOAT16_OPS`: the matrix units' ops. Under `'bfloat16'` they compute in
+  bfloat16 when an input is bfloat16 or reads a trainable variable, so
+  dtype-less `get_variable` weights (BERT's style) and Keras layers (which
+  cast their inputs back to float32) still run in bfloat16.
+* `FLOAT32_OPS`: numerically sensitive ops (losses, reductions, statistics,
+  summaries). bfloat16 inputs are cast to float32 and the result is float32.
+* `FLOAT32_KEEP_DTYPE_OPS`: softmax and log-softmax compute in float32 but
+  hand back the input's dtype, so an attention block stays bfloat16 after its
+  softmax; the float32 result is remembered, and the model_fn's outputs
+  (predictions, export outputs) carry it, not its bfloat16 rounding.
+* `FOLLOW_BFLOAT16_OPS`: batch norm reads its `x` in bfloat16 when that `x`
+  is only a float32 copy of a bfloat16 tensor (what a Keras layer makes).
+* `FLOAT32_RANDOM_OPS`: uniform random numbers asked for in bfloat16 are
+  drawn in float32 and rounded. bfloat16 holds only 128 values in [0, 1),
+  so `tf.nn.dropout` in bfloat16 keeps 0.8983 of its inputs at rate 0.1 and
+  shrinks their mean by 0.34%; the float32 draw is also cheaper on CPUs.
+* `COMPARISON_OPS`: a comparison that reads such a rounding (or any other
+  that autocast remembers, e.g. softmax outputs) compares the float32
+  original, so dropout's `uniform >= rate` keeps exactly 1 - rate. (Its
+  scale 1 / (1 - rate) is still a bfloat16 constant, as the model asked:
+  1.109375 for 1 / 0.9, a mean 0.16% low at rate 0.1, exact at 0.2 or 0.5.)
+
+* `ZERO_SELECT_OPS`: `select(mask, x, 0)` on a bfloat16 `x` (dropout's
+  last step, and its gradient) becomes `multiply_no_nan(x, cast(mask))`:
+  bit for bit the same result (a dropped inf or NaN still gives +0), and on
+  CPUs about 2.8x faster than TensorFlow's bfloat16 select kernel.
+
+* `VARIABLE_OPS`: the ops that hold a variable; `VARIABLE_READ_OPS` the
+  ops whose output is a snapshot of one (what recompute may recompute);
+  `READ_THROUGH_OPS` the ops through which a tensor is still a read of the
+  variable (what tells a matmul that reads weights).
+
+* `LOSS_TAIL_OPS`: besides rearrangements, the ops TensorFlow's loss code
+  puts between a float32-list op and the cast that rounds its result (the
+  final division of a mean); that cast is still a rounding of a float32
+  loss.
+
+* `MATMUL_OPS`, `CONV_OPS`, `DEPTHWISE_CONV_OPS`, `EINSUM_OPS` (together
+  `MATMUL_CONV_OPS`): every op type, forward and gradient, grappler fusions
+  included, that runs on the matrix units. The audit counts their FLOPs
+  (the bfloat16 share), the memory planner and the activation statistics
+  read the same sets: one list, so a new op type is counted everywhere.
+
+Every other op follows its inputs: if float32 meets bfloat16, the op computes
+in bfloat16 (a variable's dtype wins for assignments).
+"""
+
+BFLOAT16_OPS = frozenset([
+    'MatMul', 'SparseMatMul', 'BatchMatMul', 'BatchMatMulV2', 'Einsum',
+    'Conv2D', 'Conv3D', 'DepthwiseConv2dNative', 'Conv2DBackpropInput',
+    'Conv3DBackpropInputV2',
+])
+
+FLOAT32_OPS = frozenset([
+    # Losses.
+    'SoftmaxCrossEntropyWithLogits', 'SparseSoftmaxCrossEntropyWithLogits',
+    'L2Loss', 'Log1p',
+    # Reductions (loss and metric means, normalization statistics).
+    'Sum', 'Mean', 'Prod', 'EuclideanNorm', 'SquaredDifference',
+    # Summaries (v1 and v2), which must record what float32 would record.
+    'ScalarSummary', 'HistogramSummary', 'WriteScalarSummary',
+    'WriteHistogramSummary',
+])
+
+FLOAT32_KEEP_DTYPE_OPS = frozenset(['Softmax', 'LogSoftmax'])
+
+FOLLOW_BFLOAT16_OPS = frozenset([
+    'FusedBatchNorm', 'FusedBatchNormV2', 'FusedBatchNormV3',
+])
+
+FLOAT32_RANDOM_OPS = frozenset([
+    'RandomUniform', 'StatelessRandomUniform', 'StatelessRandomUniformV2',
+])
+
+COMPARISON_OPS = frozenset([
+    'Greater', 'GreaterEqual', 'Less', 'LessEqual',
+])
+
+ZERO_SELECT_OPS = frozenset(['Select', 'SelectV2'])
+
+# Matrix-unit op types, by how their FLOPs are counted (audit.py).
+MATMUL_OPS = frozenset([
+    'MatMul', '_FusedMatMul', 'SparseMatMul', 'BatchMatMul', 'BatchMatMulV2',
+    'BatchMatMulV3', '_FusedBatchMatMulV2',
+])
+CONV_OPS = frozenset([
+    'Conv2D', '_FusedConv2D', 'Conv2DBackpropInput', 'Conv2DBackpropFilter',
+    'Conv3D', 'Conv3DBackpropInputV2', 'Conv3DBackpropFilterV2',
+])
+DEPTHWISE_CONV_OPS = frozenset([
+    'DepthwiseConv2dNative', 'DepthwiseConv2dNativeBackpropInput',
+    'DepthwiseConv2dNativeBackpropFilter',
+])
+EINSUM_OPS = frozenset(['Einsum'])
+# What tf.matmul makes of mixed float32/bfloat16 inputs (SparseMatMul),
+# autocast builds as the dense bfloat16 MatMul it equals.
+SPARSE_MATMUL_OP = 'SparseMatMul'
+MATMUL_OP = 'MatMul'
+MATMUL_CONV_OPS = MATMUL_OPS | CONV_OPS | DEPTHWISE_CONV_OPS | EINSUM_OPS
+
+# Ops that hold a variable (reference or resource), and ops that read one.
+VARIABLE_OPS = frozenset(['VarHandleOp', 'VariableV2', 'Variable'])
+VARIABLE_READ_OPS = frozenset(['ReadVariableOp', 'ResourceGather',
+                               'ResourceGatherNd', 'VariableShape'])
+# Ops through which a tensor is still "a read of this variable".
+READ_THROUGH_OPS = frozenset(['ReadVariableOp', 'Identity', 'Enter',
+                              'TPUReplicatedInput'])
+
+# Ops between a float32-list op and the rounding cast in TensorFlow's own
+# loss code, besides rearrangements (the final division of a mean).
+LOSS_TAIL_OPS = frozenset(['DivNoNan', 'RealDiv', 'Neg', 'Mul'])

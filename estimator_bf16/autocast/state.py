@@ -1,0 +1,53 @@
+"""Autocast's per-thread state and TensorFlow's own op-creation functions.
+
+Holds the one `threading.local` every autocast module reads (which modes
+this thread entered, whether autocast is making its own ops, the casts made
+so far, a cache of trainable variable names) and the two TensorFlow
+functions autocast stands in for, captured before it replaces them, so
+that the rules can still create ops the TensorFlow way.
+"""
+
+import threading
+
+from tensorflow.python.framework import op_def_library
+from tensorflow.python.framework import tensor_conversion_registry
+
+# Mode names, weakest first. 'float32_list' applies the float32 list (and
+# unifies the mixed inputs that its float32 results cause); 'bfloat16' applies
+# every rule; 'off' (keep_float32) suspends both.
+_RANK = {'float32_list': 1, 'bfloat16': 2}
+
+ORIGINAL_APPLY_OP = op_def_library._apply_op_helper  # pylint: disable=protected-access
+ORIGINAL_CONVERT = tensor_conversion_registry.convert
+
+
+class _ThreadState(threading.local):
+  """What autocast knows on one thread; other threads see a fresh one."""
+
+  def __init__(self):
+    super().__init__()
+    self.modes = []      # the stack of entered contexts, innermost last
+    self.busy = False    # True while autocast makes its own ops
+    self.casts = {}      # (tensor ref, dtype, context id) -> cast tensor
+    self.trainable = (None, -1, frozenset())  # graph, count, variable op names
+    # True inside recast_weights_at_any_batch: the weight recast ignores
+    # weights.RECAST_MIN_ROWS.
+    self.recast_at_any_batch = False
+
+  def mode(self):
+    """The rules in force: the strongest mode since the innermost 'off'."""
+    best = None
+    for mode in reversed(self.modes):
+      if mode == 'off':
+        break
+      if best is None or _RANK[mode] > _RANK[best]:
+        best = mode
+    return best
+
+  def forget_graph(self):
+    """Drops the casts and variable names cached for the graph being built."""
+    self.casts = {}
+    self.trainable = (None, -1, frozenset())
+
+
+STATE = _ThreadState()

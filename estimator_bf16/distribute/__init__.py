@@ -1,0 +1,1 @@
+"""tf.distribute for Estimator programs: TF_CONFIG and strategies by name."""

@@ -1,0 +1,1 @@
+"""Memory: the planner, the measured peak, the levers and fitting a batch to a budget."""

@@ -1,0 +1,248 @@
+"""Simulating the tensor lifetimes of one training step, on paper.
+
+`simulate` runs a built step (`plan_build.Build`) in its op order, as a
+dataflow executor running one op at a time does: each op's outputs are
+allocated when it runs and freed after their last consumer ran; reshapes
+and reads share their input's buffer (alias ops), elementwise ops reuse an
+input buffer that dies there, as TensorFlow's kernels do (forwarding ops),
+and constants and variables exist outside the step (persistent ops). Sizes
+are `(fixed, per_example)` pairs, so the live bytes at each moment are a
+line in the batch size; the result is the upper envelope of those lines.
+It also counts, separately, the float32 copies a CPU without bfloat16
+arithmetic makes around each bfloat16 matmul.
+"""
+
+import heapq
+
+import tensorflow as tf
+
+from estimator_bf16.autocast import op_lists
+
+# Outputs that share the buffer of the input with the same index: no bytes
+# of their own, but they keep that buffer alive.
+_ALIAS_OPS = frozenset([
+    'Bitcast', 'Identity', 'IdentityN', 'Reshape', 'Squeeze', 'ExpandDims',
+    'StopGradient', 'Snapshot', 'PreventGradient', 'EnsureShape',
+    'CheckNumerics', 'ReadVariableOp', 'Enter', 'Exit', 'NextIteration',
+])
+# Elementwise kernels that write into an input buffer of the output's size
+# when this op is that buffer's last user (TensorFlow's
+# `forward_input_or_allocate_output`).
+_FORWARDING_OPS = frozenset([
+    'Abs', 'Add', 'AddN', 'AddV2', 'BiasAdd', 'ClipByValue', 'Div',
+    'DivNoNan', 'Elu', 'EluGrad', 'Erf', 'Exp', 'Floor', 'Gelu', 'GeluGrad',
+    'LeakyRelu', 'LeakyReluGrad', 'Log', 'Log1p', 'Maximum', 'Minimum',
+    'Mul', 'MulNoNan', 'Neg', 'Pow', 'RealDiv', 'Reciprocal', 'Relu',
+    'Relu6', 'Relu6Grad', 'ReluGrad', 'Rsqrt', 'RsqrtGrad', 'Select',
+    'SelectV2', 'Selu', 'SeluGrad', 'Sigmoid', 'SigmoidGrad', 'Sign',
+    'Softplus', 'SoftplusGrad', 'Sqrt', 'SqrtGrad', 'Square',
+    'SquaredDifference', 'Sub', 'Tanh', 'TanhGrad',
+])
+# With grappler's fusions: matmul + bias (+ activation) is one op. Einsum
+# runs on the same kernels.
+_MATMUL_OPS = op_lists.MATMUL_OPS | op_lists.EINSUM_OPS
+# Outputs that exist before the step (or outside it) and are never freed.
+_PERSISTENT_OPS = frozenset(['Const', 'HostConst']) | op_lists.VARIABLE_OPS
+_NO_BYTES = (0.0, 0.0)
+
+
+def tensor_bytes(tensor):
+  """Bytes of a tensor with a static shape; 0 for resources and unknowns."""
+  dtype = tensor.dtype.base_dtype
+  if dtype in (tf.resource, tf.variant, tf.string):
+    return 0
+  elements = tensor.shape.num_elements()
+  return 0 if elements is None else elements * dtype.size
+
+
+def simulate(build, size_of):
+  """Runs one step on paper; returns the upper envelope of live bytes.
+
+  Args:
+    build: a `plan_build.Build`.
+    size_of: `size_of(tensor) -> (fixed, per_example)` bytes.
+
+  Returns:
+    Two lists of (fixed, per_example) lines: live transient bytes at each
+    moment of the step, reduced to those that can be the maximum; the
+    second adds the float32 copies a CPU makes for bfloat16 matmuls.
+  """
+  needed = _needed_ops(build.fetches)
+  consumers = {}
+  for op in needed:
+    for tensor in op.inputs:
+      consumers[tensor] = consumers.get(tensor, 0) + 1
+  memory = _Liveness(consumers, size_of)
+  points, upcast_points = [], []
+  for op in _execution_order(needed, build.graph):
+    memory.run(op)
+    points.append(tuple(memory.live))
+    scratch = _upcast_scratch(op, size_of)
+    upcast_points.append((memory.live[0] + scratch[0],
+                          memory.live[1] + scratch[1]))
+    memory.finish(op)
+  return _upper_envelope(points), _upper_envelope(upcast_points)
+
+
+def _needed_ops(fetches):
+  """Ops the fetches depend on (data and control inputs)."""
+  needed, stack = set(), list(fetches)
+  while stack:
+    op = stack.pop()
+    if op in needed:
+      continue
+    needed.add(op)
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  return needed
+
+
+def _execution_order(needed, graph):
+  """Yields the `needed` ops in the order a one-op-at-a-time executor runs.
+
+  Of the ops whose inputs (data and control) have all run, the one created
+  first in `graph` runs next. The next op is chosen only after the caller
+  resumes the generator, i.e. after it has simulated the previous one.
+  """
+  order = {op: i for i, op in enumerate(graph.get_operations())}
+  pending = {op: len(set(t.op for t in op.inputs) | set(op.control_inputs))
+             for op in needed}
+  users = {}
+  for op in needed:
+    for source in set(t.op for t in op.inputs) | set(op.control_inputs):
+      users.setdefault(source, []).append(op)
+  ready = [(order[op], op.name, op) for op, count in pending.items()
+           if count == 0]
+  heapq.heapify(ready)
+  while ready:
+    _, _, op = heapq.heappop(ready)
+    yield op
+    for user in users.get(op, ()):
+      pending[user] -= 1
+      if pending[user] == 0:
+        heapq.heappush(ready, (order[user], user.name, user))
+
+
+class _Liveness:
+  """The buffers of a simulated step and the bytes they hold.
+
+  Aliased tensors share one buffer, identified by the id of the tensor that
+  allocated it; a buffer is freed once every read of every tensor sharing
+  it has happened.
+
+  Attributes:
+    live: [fixed, per_example] bytes allocated now.
+  """
+
+  def __init__(self, consumers, size_of):
+    """Starts with nothing allocated.
+
+    Args:
+      consumers: {tf.Tensor: int reads of it in the step}.
+      size_of: `size_of(tensor) -> (fixed, per_example)` bytes.
+    """
+    self._consumers = consumers
+    self._size_of = size_of
+    self._buffers = {}  # tensor -> buffer id (aliases share one)
+    self._remaining = {}  # buffer id -> uses left
+    self._buffer_size = {}  # buffer id -> (fixed, per_example)
+    self.live = [0.0, 0.0]
+
+  def run(self, op):
+    """Allocates (or aliases) the outputs of `op`."""
+    if op.type in _PERSISTENT_OPS:
+      for tensor in op.outputs:
+        self._allocate(tensor, _NO_BYTES)
+      return
+    for index, tensor in enumerate(op.outputs):
+      size = self._size_of(tensor)
+      if op.type in _ALIAS_OPS and index < len(op.inputs) and (
+          op.inputs[index] in self._buffers):
+        self._allocate(tensor, size, self._buffers[op.inputs[index]])
+        continue
+      if op.type in _FORWARDING_OPS and index == 0:
+        reused = self._dying_input_of_size(op, size)
+        if reused is not None:
+          # Take over the buffer: it stays allocated for the new tensor.
+          self._allocate(tensor, size, reused)
+          continue
+      self._allocate(tensor, size)
+
+  def finish(self, op):
+    """Counts the reads `op` made; frees what no one reads any more."""
+    for tensor in op.inputs:
+      buffer_id = self._buffers.get(tensor)
+      if buffer_id is not None:
+        self._remaining[buffer_id] -= 1
+        self._release(buffer_id)
+    # Outputs nothing reads die at once.
+    for tensor in op.outputs:
+      self._release(self._buffers[tensor])
+
+  def _allocate(self, tensor, size, buffer_id=None):
+    """Gives `tensor` a new buffer of `size`, or the existing `buffer_id`."""
+    if buffer_id is None:
+      buffer_id = id(tensor)
+      self._buffer_size[buffer_id] = size
+      self._remaining[buffer_id] = 0
+      self.live[0] += size[0]
+      self.live[1] += size[1]
+    self._buffers[tensor] = buffer_id
+    self._remaining[buffer_id] += self._consumers.get(tensor, 0)
+
+  def _release(self, buffer_id):
+    if self._remaining[buffer_id] == 0 and buffer_id in self._buffer_size:
+      size = self._buffer_size.pop(buffer_id)
+      self.live[0] -= size[0]
+      self.live[1] -= size[1]
+
+  def _dying_input_of_size(self, op, size):
+    """A buffer of `size` that `op` reads for the last time, or None."""
+    for tensor in op.inputs:
+      buffer_id = self._buffers.get(tensor)
+      if (buffer_id is not None and buffer_id in self._buffer_size and
+          self._remaining[buffer_id] == 1 and
+          self._buffer_size[buffer_id] == size and size != _NO_BYTES):
+        return buffer_id
+    return None
+
+
+def _upcast_scratch(op, size_of):
+  """Bytes of float32 copies a non-bfloat16 CPU makes for a bfloat16 matmul.
+
+  TensorFlow's CPU matmul kernels without bfloat16 hardware convert the
+  operands to float32, multiply, and convert the result back: while the op
+  runs, float32 copies (twice the bfloat16 bytes) of every bfloat16 operand
+  and of the result are live.
+  """
+  if op.type not in _MATMUL_OPS or op.outputs[0].dtype != tf.bfloat16:
+    return _NO_BYTES
+  tensors = [t for t in op.inputs if t.dtype == tf.bfloat16]
+  tensors.append(op.outputs[0])
+  sizes = [size_of(t) for t in tensors]
+  return (2.0 * sum(a for a, _ in sizes), 2.0 * sum(c for _, c in sizes))
+
+
+def _upper_envelope(points, min_batch=1.0):
+  """Keeps the (fixed, per_example) lines that are the max for some b >= 1."""
+  best = {}
+  for fixed, per_example in points:
+    best[per_example] = max(best.get(per_example, float('-inf')), fixed)
+  lines = sorted(best.items())  # by per_example, ascending
+  hull = []
+  for per_example, fixed in lines:
+    while hull:
+      last_c, last_a = hull[-1]
+      # The new, steeper line overtakes the last one at this batch size.
+      crossing = (last_a - fixed) / (per_example - last_c)
+      if crossing <= min_batch:
+        hull.pop()
+        continue
+      if len(hull) >= 2:
+        prev_c, prev_a = hull[-2]
+        if crossing <= (prev_a - last_a) / (last_c - prev_c):
+          hull.pop()
+          continue
+      break
+    hull.append((per_example, fixed))
+  return [(fixed, per_example) for per_example, fixed in hull]

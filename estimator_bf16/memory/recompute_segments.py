@@ -1,0 +1,203 @@
+"""Backprop through cut segments, each recomputed from its checkpoints.
+
+Given the forward path cut into segments (`recompute_cuts`), `backprop`
+walks the segments from last to first. For each, it copies the segment's
+recomputable forward ops into the graph (same type, attributes --
+gradient overrides `_gradient_op_type` and colocation `_class` included --
+and device), fed with the checkpoints, and takes `tf.compat.v1.gradients`
+of the copied outputs with respect to the segment's inputs, so every
+gradient function, override and aggregation is TensorFlow's own. The last
+segment is not copied: its activations are needed right when the forward
+pass ends.
+
+A segment's first copies wait (control dependencies) for every gradient of
+the segment after it, not only for those reaching its outputs: with one op
+at a time the executor otherwise runs the copies early, or leaves side
+branches (a `BiasAddGrad`, whose input is as large as an activation) to
+the end of the step, and their inputs pile up across all segments
+(measured: no saving at all without it).
+"""
+
+import tensorflow as tf
+from tensorflow.python.ops import gradients_impl
+
+
+def sum_gradients(grads):
+  """Sums gradient contributions (tf.Tensor and/or tf.IndexedSlices)."""
+  grads = [g for g in grads if g is not None]
+  if not grads:
+    return None
+  if len(grads) == 1:
+    return grads[0]
+  if all(isinstance(g, tf.IndexedSlices) for g in grads):
+    # As TensorFlow aggregates sparse gradients: concatenated rows, the
+    # duplicates summed by whoever applies them.
+    dense_shape = next((g.dense_shape for g in grads
+                        if g.dense_shape is not None), None)
+    return tf.IndexedSlices(tf.concat([g.values for g in grads], 0),
+                            tf.concat([g.indices for g in grads], 0),
+                            dense_shape)
+  return tf.math.add_n([tf.convert_to_tensor(g) for g in grads])
+
+
+def backprop(graph, chunks, kept, grads, x_tensors, ys, stop_tensors,
+             kwargs):
+  """Sends the gradients in `grads` back through `chunks`, last first.
+
+  Args:
+    graph: the tf.Graph.
+    chunks: the segments, lists of tf.Operation in topological order, in
+      forward order.
+    kept: set of tf.Operation that are not copied.
+    grads: defaultdict(list) {tf.Tensor: gradient contributions}, seeded
+      with the gradients of `ys`; the gradients of every segment's inputs
+      (checkpoints and `x_tensors`) are added to it.
+    x_tensors: the tensors differentiated with respect to.
+    ys: the differentiated tensors.
+    stop_tensors: set of tf.Tensor through which gradients do not flow.
+    kwargs: other arguments of `tf.compat.v1.gradients`.
+  """
+  x_set = set(x_tensors)
+  y_set = set(ys)
+  chunk_of = {}
+  for number, chunk in enumerate(chunks):
+    for op in chunk:
+      chunk_of[op] = number
+  later_grads = []
+  for number in reversed(range(len(chunks))):
+    chunk = chunks[number]
+    outputs, incoming = _outputs_with_gradients(chunk, grads, stop_tensors,
+                                                y_set)
+    if not outputs:
+      continue
+    entries = _entries(chunk, number, chunk_of, x_set)
+    if not entries:
+      continue
+    scope = 'segment_%d' % number
+    if number == len(chunks) - 1:
+      copies = {}
+    else:
+      # Waiting for all of the later segment's gradients, not only those
+      # reaching this segment's outputs (see the module docstring).
+      copies = _copy_segment(graph, chunk, kept,
+                             _gradient_ops(incoming + later_grads),
+                             scope + '_forward')
+    # An x made inside the segment is an entry too, but its gradient here
+    # is the total one.
+    inside = set(t for t in entries if chunk_of.get(t.op) == number)
+    inner = _segment_gradients(copies, outputs, incoming, entries, inside,
+                               stop_tensors, scope + '_gradients', kwargs)
+    later_grads = [grad for grad in inner if grad is not None]
+    for tensor, grad in zip(entries, inner):
+      if tensor in inside:
+        # Already includes what later segments sent it (its grad_ys).
+        grads[tensor] = [grad] if grad is not None else []
+      elif grad is not None:
+        grads[tensor].append(grad)
+
+
+def _outputs_with_gradients(chunk, grads, stop_tensors, y_set):
+  """The tensors of `chunk` that gradients reached, and those gradients."""
+  outputs = []
+  incoming = []
+  for tensor in [t for op in chunk for t in op.outputs]:
+    if tensor in stop_tensors and tensor not in y_set:
+      continue
+    total = sum_gradients(grads.get(tensor, []))
+    if total is not None:
+      outputs.append(tensor)
+      incoming.append(total)
+  return outputs, incoming
+
+
+def _entries(chunk, number, chunk_of, x_set):
+  """Inputs of segment `number`: earlier segments' tensors and xs."""
+  entries = []
+  for op in chunk:
+    for tensor in op.inputs:
+      if tensor in entries:
+        continue
+      if tensor in x_set or chunk_of.get(tensor.op, number) < number:
+        entries.append(tensor)
+  return entries
+
+
+def _segment_gradients(copies, outputs, incoming, entries, inside,
+                       stop_tensors, name, kwargs):
+  """Gradients of `entries` through one segment's (copied) ops.
+
+  Stopping at the entries makes each one's gradient the partial derivative
+  through this segment only: an entry can also reach the segment's outputs
+  through another entry (a residual branch read by an earlier segment), and
+  that path is the earlier segment's to differentiate, with its recomputed
+  ops. The entries made inside the segment (`inside`) are not stopped.
+
+  Returns:
+    A list aligned with `entries` of gradients or None.
+  """
+  stops = ([t for t in entries if t not in inside] +
+           [copies.get(t, t) for t in stop_tensors])
+  return gradients_impl.gradients(
+      [copies.get(t, t) for t in outputs], entries, grad_ys=incoming,
+      name=name, stop_gradients=stops, **kwargs)
+
+
+def _gradient_ops(grads):
+  """The ops computing `grads`, past the Identity of a gradient tuple.
+
+  Depending on the op that computed a gradient rather than on the
+  `Identity` that `gate_gradients` adds avoids a cycle when grappler fuses
+  that op with its neighbours (see `autocast.gradients.after_gradients`).
+  """
+  ops = []
+  for grad in grads:
+    parts = ([grad.values, grad.indices] if isinstance(grad, tf.IndexedSlices)
+             else [grad])
+    for part in parts:
+      while part.op.type == 'Identity' and part.op.inputs:
+        part = part.op.inputs[0]
+      if part.op not in ops:
+        ops.append(part.op)
+  return ops
+
+
+def _copy_segment(graph, segment, kept, wait_for, scope):
+  """Copies the recomputable ops of `segment` into `graph`.
+
+  Args:
+    graph: the tf.Graph.
+    segment: list of tf.Operation in topological order.
+    kept: set of tf.Operation that are not copied.
+    wait_for: list of tf.Operation every first copy waits for.
+    scope: name prefix of the copies, within the current name scope.
+
+  Returns:
+    dict {original tf.Tensor: copied tf.Tensor}.
+  """
+  copies = {}
+  op_copies = {}
+  for op in segment:
+    if op in kept:
+      continue
+    inputs = [copies.get(t, t) for t in op.inputs]
+    control = [op_copies.get(c, c) for c in op.control_inputs]
+    attrs = {key: op.node_def.attr[key] for key in op.node_def.attr}
+    new = graph._create_op_internal(  # pylint: disable=protected-access
+        op.type, inputs, dtypes=[t.dtype for t in op.outputs],
+        name=scope + '/' + op.name, attrs=attrs, op_def=op.op_def,
+        compute_device=False)
+    if op.device:
+      new._set_device(op.device)  # pylint: disable=protected-access
+    if not any(t.op in op_copies for t in op.inputs):
+      # A first copy of the segment: without this wait the executor may
+      # recompute the segment during the forward pass, which would keep
+      # its activations as long as the originals.
+      control = control + list(wait_for)
+    if control:
+      new._add_control_inputs(  # pylint: disable=protected-access
+          [c for c in control if c not in new.control_inputs])
+    for old_tensor, new_tensor in zip(op.outputs, new.outputs):
+      new_tensor.set_shape(old_tensor.shape)
+      copies[old_tensor] = new_tensor
+    op_copies[op] = new
+  return copies

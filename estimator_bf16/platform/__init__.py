@@ -1,0 +1,1 @@
+"""What this TensorFlow and this machine are, and scoped changes to TensorFlow."""

@@ -1,0 +1,1 @@
+"""The precision value, casting at boundaries, float32 master weights, the audit."""

@@ -1,0 +1,334 @@
+"""Graph audit: find precision mistakes on a laptop, not on the TPU.
+
+`check_graph` reads a built graph and reports what the field keeps tripping
+over (see the package README): variables stored in 16 bits, ops that mix
+bfloat16 and float32 (a `tf.matmul(bfloat16, float32)` silently becomes a
+float32 `SparseMatMul`), a loss that is not float32, and how much of the
+matmul/conv arithmetic actually runs in bfloat16 -- a "bfloat16" build in
+which most of it runs in float32 is not one.
+"""
+
+import dataclasses
+import os
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision.casting import FLOATING_DTYPES
+from estimator_bf16.precision.casting import HALF_DTYPES
+
+# What a caller may ask of the audit of a TRAIN graph: raise on a problem,
+# log it, or skip the audit.
+AUDIT_MODES = ('strict', 'warn', 'off')
+_FLOATS = frozenset(FLOATING_DTYPES)
+# Ops whose inputs legitimately differ in float dtype.
+_MIXED_ALLOWED = frozenset([
+    'Cast', 'Bitcast', 'FusedBatchNorm', 'FusedBatchNormV2',
+    'FusedBatchNormV3', 'FusedBatchNormGrad', 'FusedBatchNormGradV2',
+    'FusedBatchNormGradV3', '_FusedBatchNormEx', 'NoOp', 'Identity',
+    'IdentityN', 'Print', 'PrintV2', 'Assert', 'SaveV2', 'Save', 'SaveSlices',
+    'MergeV2Checkpoints', 'TensorSummary', 'TensorSummaryV2', 'Merge',
+    'Switch', 'Enter', 'Exit', 'NextIteration', 'If', 'StatelessIf', 'While',
+    'StatelessWhile', 'PartitionedCall', 'StatefulPartitionedCall',
+    'IteratorGetNext', 'OutfeedEnqueueTuple', 'InfeedEnqueueTuple',
+    'TPUReplicatedInput', 'TPUReplicatedOutput', 'Pack', 'Unpack',
+])
+_ALWAYS_MIXED = frozenset([op_lists.SPARSE_MATMUL_OP])
+# The share of matmul/conv FLOPs that a bfloat16 model_fn must run in
+# bfloat16 to pass the strict audit of `wrap_model_fn`. Autocast puts every
+# matmul/conv of the network in bfloat16 (over 0.95 for the reference and
+# style models), so a share below one half means most of the arithmetic
+# escaped it, e.g. under `keep_float32` or in ops built outside the model_fn.
+MIN_BFLOAT16_SHARE = 0.5
+# How many float32 matmul/conv ops a low-share problem names.
+_LARGEST_SHOWN = 5
+# Code in these packages is not where a user's op "was made".
+_LIBRARY_DIRS = ('tensorflow', 'tensorflow_estimator', 'keras', 'tf_keras',
+                 'tf_slim', 'estimator_bf16')
+
+
+class PrecisionError(TypeError):
+  """A graph breaks the bfloat16 recipe; the message names what and where."""
+
+
+@dataclasses.dataclass
+class GraphReport:
+  """What `check_graph` found.
+
+  Attributes:
+    half_precision_variables: (name, dtype name) of each variable stored in
+      bfloat16 or float16 (master weights must be float32).
+    mixed_precision_ops: (op name, op type, input dtypes) of each op mixing
+      float dtypes, `SparseMatMul` included.
+    loss_dtype: dtype name of the checked loss, or None if none was given.
+    flops_by_dtype: {dtype name: estimated FLOPs} over matmul/conv ops,
+      forward and backward; unknown dimensions count as 1.
+    bfloat16_flop_share: share of those FLOPs in bfloat16 (0.0 if none).
+    num_ops: ops in the graph; num_casts: `Cast` ops among them.
+    largest_float32_ops: (op name, op type, FLOPs, where it was made) of the
+      biggest float32 matmul/conv ops, largest first; "where" is the
+      innermost `file:line (function)` outside TensorFlow and its layer
+      libraries, or '' if unknown.
+    problems: one sentence for each finding that breaks the recipe.
+  """
+  half_precision_variables: List[Tuple[str, str]]
+  mixed_precision_ops: List[Tuple[str, str, Tuple[str, ...]]]
+  loss_dtype: Optional[str]
+  flops_by_dtype: Dict[str, float]
+  bfloat16_flop_share: float
+  num_ops: int
+  num_casts: int
+  problems: List[str]
+  largest_float32_ops: List[Tuple[str, str, float, str]] = dataclasses.field(
+      default_factory=list)
+
+  @property
+  def ok(self):
+    return not self.problems
+
+  def summary(self):
+    """One line for logs."""
+    return ('%d ops (%d casts), %.1f%% of matmul/conv FLOPs in bfloat16, '
+            'loss %s, %d problem(s)' % (
+                self.num_ops, self.num_casts, 100 * self.bfloat16_flop_share,
+                self.loss_dtype, len(self.problems)))
+
+
+def _dims(shape):
+  """Static dims of a TensorShape with unknown entries (or rank) as 1."""
+  if shape.rank is None:
+    return []
+  return [1 if d is None else int(d) for d in shape.as_list()]
+
+
+def _matmul_flops(op):
+  a, b = _dims(op.inputs[0].shape), _dims(op.inputs[1].shape)
+  if len(a) < 2 or len(b) < 2:
+    return 0.0
+  transpose_a = _attr(op, 'transpose_a') or _attr(op, 'adj_x')
+  transpose_b = _attr(op, 'transpose_b') or _attr(op, 'adj_y')
+  m, k = (a[-1], a[-2]) if transpose_a else (a[-2], a[-1])
+  n = b[-2] if transpose_b else b[-1]
+  batch = np.prod(_dims(op.outputs[0].shape)[:-2] or [1])
+  return 2.0 * float(batch) * m * k * n
+
+
+def _kernel_and_output(op):
+  """(filter dims, forward output dims) of a convolution or its gradient."""
+  if 'BackpropFilter' in op.type:
+    return _dims(op.outputs[0].shape), _dims(op.inputs[2].shape)
+  if 'BackpropInput' in op.type:
+    return _dims(op.inputs[1].shape), _dims(op.inputs[2].shape)
+  return _dims(op.inputs[1].shape), _dims(op.outputs[0].shape)
+
+
+def _conv_flops(op):
+  """2 * output elements * (kernel window * input channels), 2-D or 3-D."""
+  kernel, out = _kernel_and_output(op)
+  if len(kernel) not in (4, 5) or not out:
+    return 0.0
+  return 2.0 * float(np.prod(out)) * float(np.prod(kernel[:-1]))
+
+
+def _depthwise_flops(op):
+  """2 * output elements * kernel window: each output reads one channel."""
+  kernel, out = _kernel_and_output(op)
+  if len(kernel) != 4 or not out:
+    return 0.0
+  return 2.0 * float(np.prod(out)) * kernel[0] * kernel[1]
+
+
+def _einsum_flops(op):
+  """2 * the product of every index's size (each is summed or kept once)."""
+  equation = _attr(op, 'equation')
+  if not equation:
+    return 0.0
+  inputs = equation.decode() if isinstance(equation, bytes) else equation
+  inputs = inputs.split('->')[0].split(',')
+  sizes = {}
+  for spec, tensor in zip(inputs, op.inputs):
+    dims = _dims(tensor.shape)
+    if '...' in spec:
+      # The broadcast dims get names of their own, right-aligned.
+      head, tail = spec.split('...')
+      extra = max(len(dims) - len(head) - len(tail), 0)
+      labels = list(head) + ['...%d' % i for i in range(extra)] + list(tail)
+    else:
+      labels = list(spec)
+    if len(labels) != len(dims):
+      return 0.0
+    for label, dim in zip(labels, dims):
+      sizes[label] = max(sizes.get(label, 1), dim)
+  return 2.0 * float(np.prod(list(sizes.values()) or [0]))
+
+
+_FLOP_COUNTERS = {}
+for _types, _counter in ((op_lists.MATMUL_OPS, _matmul_flops),
+                         (op_lists.CONV_OPS, _conv_flops),
+                         (op_lists.DEPTHWISE_CONV_OPS, _depthwise_flops),
+                         (op_lists.EINSUM_OPS, _einsum_flops)):
+  _FLOP_COUNTERS.update(dict.fromkeys(_types, _counter))
+
+
+def _attr(op, name):
+  try:
+    return op.get_attr(name)
+  except ValueError:
+    return None
+
+
+def _float_input_dtypes(op):
+  dtypes = set()
+  for tensor in op.inputs:
+    dtype = tensor.dtype.base_dtype
+    if dtype in _FLOATS:
+      dtypes.add(dtype)
+  return dtypes
+
+
+def _compute_dtype(op):
+  """The dtype an op's arithmetic runs in: SparseMatMul always float32."""
+  if op.type == op_lists.SPARSE_MATMUL_OP:
+    return tf.float32
+  for tensor in op.inputs:  # Conv2DBackpropInput starts with int32 sizes.
+    if tensor.dtype.base_dtype in _FLOATS:
+      return tensor.dtype.base_dtype
+  return op.outputs[0].dtype.base_dtype
+
+
+def _where_made(op):
+  """`file:line (function)` of the innermost user frame that made `op`."""
+  try:
+    frames = list(op.traceback)
+  except (AttributeError, TypeError, ValueError):
+    return ''
+  for frame in reversed(frames):
+    filename = getattr(frame, 'filename', None) or frame[0]
+    parts = os.path.normpath(filename).split(os.sep)
+    if any(part in _LIBRARY_DIRS for part in parts) or '<frozen' in filename:
+      continue
+    lineno = getattr(frame, 'lineno', None) or frame[1]
+    name = getattr(frame, 'name', None) or frame[2]
+    return '%s:%s (%s)' % (filename, lineno, name)
+  return ''
+
+
+def _made_at(op):
+  """' (made at file:line (function))' for a problem message, or ''."""
+  where = _where_made(op)
+  return ' (made at %s)' % where if where else ''
+
+
+def _dtype_names(op):
+  return tuple(t.dtype.base_dtype.name for t in op.inputs)
+
+
+def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
+  """Audits a built graph for bfloat16 mistakes.
+
+  Args:
+    graph: the `tf.Graph` to read; the default graph if None.
+    strict: if True, raise `PrecisionError` when anything is found.
+    loss: optional loss tensor; it must be float32.
+    min_bfloat16_share: if set (e.g. `MIN_BFLOAT16_SHARE`), a graph with
+      matmul/conv ops of which less than this share of FLOPs runs in
+      bfloat16 is a problem, naming the largest float32 ones.
+
+  Returns:
+    A `GraphReport`.
+
+  Raises:
+    PrecisionError: if `strict` and the report has problems; the message
+      lists each offending variable / op and what to do.
+  """
+  graph = graph or tf.compat.v1.get_default_graph()
+  half_vars, mixed_ops, problems = [], [], []
+  made_at = {}  # op name -> ' (made at file:line (function))' or ''
+  flops = {}
+  float32_ops = []
+  num_casts = 0
+  operations = graph.get_operations()
+  for op in operations:
+    if op.type == 'Cast':
+      num_casts += 1
+    if op.type in op_lists.VARIABLE_OPS:
+      dtype = tf.as_dtype(op.get_attr('dtype')).base_dtype
+      if dtype in HALF_DTYPES:
+        half_vars.append((op.name, dtype.name))
+        made_at[op.name] = _made_at(op)
+      continue
+    dtypes = _float_input_dtypes(op)
+    if op.type in _ALWAYS_MIXED or (
+        len(dtypes) > 1 and op.type not in _MIXED_ALLOWED):
+      mixed_ops.append((op.name, op.type, _dtype_names(op)))
+      made_at[op.name] = _made_at(op)
+    counter = _FLOP_COUNTERS.get(op.type)
+    if counter is not None:
+      dtype = _compute_dtype(op)
+      count = counter(op)
+      flops[dtype.name] = flops.get(dtype.name, 0.0) + count
+      if dtype == tf.float32:
+        float32_ops.append((count, op))
+
+  trainable = {v.op.name for v in graph.get_collection(
+      tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+  for name, dtype in half_vars:
+    if name in trainable:
+      why = ('It was probably made by a Keras layer (which ignores the '
+             'bfloat16 scope) or by an explicit dtype; build it with '
+             'tf.compat.v1.get_variable / tf.compat.v1.layers inside '
+             'eb.bfloat16_scope instead.')
+    else:
+      why = ('It is a state variable (not trainable), which keeps the dtype '
+             'it was made with; make it float32 and cast where it is read.')
+    problems.append(
+        'variable %r%s is stored as %s: master weights must be float32. %s'
+        % (name, made_at[name], dtype, why))
+  for name, op_type, in_dtypes in mixed_ops:
+    if op_type == op_lists.SPARSE_MATMUL_OP:
+      problems.append(
+          'op %r%s is a SparseMatMul with inputs %s: it computes in float32. '
+          'tf.matmul makes one when bfloat16 meets float32 (or for a_is_sparse'
+          '/b_is_sparse); build the model under eb.wrap_model_fn, whose '
+          'autocast makes it a bfloat16 MatMul, or cast both inputs.'
+          % (name, made_at[name], ' x '.join(in_dtypes)))
+      continue
+    problems.append(
+        'op %r (%s)%s mixes dtypes %s: a float32 tensor meets bfloat16 '
+        'activations. Build it under eb.wrap_model_fn (autocast unifies '
+        'them) or cast it with tf.cast.' % (name, op_type, made_at[name],
+                                           ', '.join(in_dtypes)))
+  loss_dtype = None
+  if loss is not None:
+    loss_dtype = loss.dtype.base_dtype.name
+    if loss.dtype.base_dtype != tf.float32:
+      problems.append(
+          'the loss %r%s is %s: TPU training loops need a float32 loss, and a '
+          'loss reduced in 16 bits loses accuracy. Use tf.compat.v1.losses '
+          '(computed in float32 by the wrapper) or cast the logits with '
+          'tf.cast(logits, tf.float32) before the loss.'
+          % (loss.name, _made_at(loss.op), loss_dtype))
+  total = sum(flops.values())
+  share = (flops.get('bfloat16', 0.0) / total) if total else 0.0
+  float32_ops.sort(key=lambda pair: -pair[0])
+  largest = [(op.name, op.type, count, _where_made(op))
+             for count, op in float32_ops[:_LARGEST_SHOWN]]
+  if min_bfloat16_share is not None and total and share < min_bfloat16_share:
+    problems.append(
+        'only %.1f%% of matmul/conv FLOPs run in bfloat16 (at least %.0f%% '
+        'expected under precision bfloat16). The largest float32 ones:\n  %s'
+        % (100 * share, 100 * min_bfloat16_share, '\n  '.join(
+            '%s (%s, %.3g FLOPs)%s' % (name, op_type, count,
+                                       ' made at ' + where if where else '')
+            for name, op_type, count, where in largest)))
+  report = GraphReport(
+      half_precision_variables=half_vars, mixed_precision_ops=mixed_ops,
+      loss_dtype=loss_dtype, flops_by_dtype=flops,
+      bfloat16_flop_share=share, num_ops=len(operations),
+      num_casts=num_casts, problems=problems, largest_float32_ops=largest)
+  if strict and problems:
+    raise PrecisionError('check_graph found %d problem(s):\n- %s' % (
+        len(problems), '\n- '.join(problems)))
+  return report

@@ -1,0 +1,1 @@
+"""Running an unmodified Estimator / TPUEstimator program in bfloat16 (`run`, `check`)."""

@@ -1,0 +1,180 @@
+"""Runs a program file as `python PROGRAM.py ARGS` would, and undoes it after.
+
+The pieces of `run_program` that concern the program as a script: its
+`sys.argv` and `sys.path[0]`, the compat backend its `tf.estimator`
+imports need on TensorFlow 2.16+, the TF 1.x scope of a TF 1.x program,
+forgetting its absl flags and sibling modules afterwards, and `run_as_main`,
+which executes it as `__main__` and turns how it ended (normal exit,
+`sys.exit`, an exception, a stop by a signal or by check mode) into the
+`RunResult`'s exit code, error and reason.
+"""
+
+import contextlib
+import os
+import runpy
+import signal
+import sys
+import traceback
+
+from absl import flags
+
+import estimator_bf16 as eb
+from estimator_bf16.platform import backend
+from estimator_bf16.runner import run_state
+from estimator_bf16.runner import tf1 as tf1_lib
+
+
+@contextlib.contextmanager
+def program_argv(program, args):
+  """sys.argv and sys.path[0] as `python PROGRAM ARGS` sets them."""
+  saved_argv, saved_path = sys.argv[:], sys.path[:]
+  sys.argv = [program] + list(args)
+  # Python puts the folder of the (symlink-resolved) script first on the
+  # path, so the program's sibling modules import.
+  folder = os.path.dirname(os.path.realpath(program))
+  if sys.path:
+    sys.path[0] = folder
+  else:
+    sys.path.append(folder)
+  try:
+    yield
+  finally:
+    sys.argv[:] = saved_argv
+    sys.path[:] = saved_path
+
+
+@contextlib.contextmanager
+def compat_backend():
+  """Installs the compat backend on TensorFlow 2.16+ for the run.
+
+  The program's `tf.estimator` imports resolve only with it; a backend the
+  caller installed stays, one installed here is uninstalled on exit.
+  """
+  installed_here = (eb.BACKEND == backend.COMPAT_BACKEND and
+                    not eb.compat.installed())
+  if installed_here:
+    eb.compat.install()
+  try:
+    yield
+  finally:
+    if installed_here:
+      eb.compat.uninstall()
+
+
+def _folder_prefixes(folders):
+  """Real paths of `folders` ending in a separator, for startswith tests."""
+  return tuple(os.path.realpath(f) + os.sep for f in folders)
+
+
+@contextlib.contextmanager
+def forget_program_state(folders, result):
+  """Drops the absl flags and the modules of the program's folders afterwards.
+
+  A process runs a program once; this lets a second run in the same process
+  (tests, notebooks) import its sibling modules and define its flags again,
+  as a fresh `python PROGRAM.py` would.
+  """
+  prefixes = _folder_prefixes(folders)
+  flags_before, modules_before = set(flags.FLAGS), set(sys.modules)
+  try:
+    yield
+  finally:
+    result.program_flags = frozenset(set(flags.FLAGS) - flags_before)
+    for name in result.program_flags:
+      delattr(flags.FLAGS, name)
+    for name in set(sys.modules) - modules_before:
+      path = getattr(sys.modules[name], '__file__', None) or ''
+      if os.path.realpath(path).startswith(prefixes):
+        del sys.modules[name]
+
+
+def _failure_reason(error, folders):
+  """'Type: first line of the message (at file:line)', the line the
+  innermost frame of the program's own code was at."""
+  prefixes = _folder_prefixes(folders)
+  where = None
+  for frame, lineno in traceback.walk_tb(error.__traceback__):
+    path = frame.f_code.co_filename
+    if os.path.realpath(path).startswith(prefixes):
+      where = '%s:%d' % (path, lineno)
+  lines = str(error).strip().splitlines()
+  return '%s%s%s' % (type(error).__name__, ': ' + lines[0] if lines else '',
+                     ' (at %s)' % where if where else '')
+
+
+def _exit_code(exit_exception):
+  """The process exit code `sys.exit(code)` gives, as Python computes it."""
+  code = exit_exception.code
+  if code is None:
+    return 0
+  if isinstance(code, int):
+    return code
+  print(code, file=sys.stderr)
+  return 1
+
+
+def _program_traceback(error, program):
+  """The traceback from the program's first frame on, as Python prints it."""
+  tb = error.__traceback__
+  start = tb
+  while start is not None and start.tb_frame.f_code.co_filename != program:
+    start = start.tb_next
+  return ''.join(traceback.format_exception(type(error), error,
+                                            start or tb))
+
+
+def tf1_scope(program, folders, tf1, result):
+  """A `Tf1Scope` for a TF 1.x program (detected or forced), else None."""
+  if tf1 is None:
+    found = tf1_lib.detect(program, folders)
+    result.tf1 = found.tf1
+    result.tf1_reason = found.evidence or (
+        'no TF 1.x API found in %d file(s)' % found.files)
+  else:
+    result.tf1 = tf1
+    result.tf1_reason = '--tf1' if tf1 else '--no-tf1'
+  return tf1_lib.Tf1Scope(folders) if result.tf1 else None
+
+
+def run_as_main(program, init_globals, folders, result):
+  """Runs `program` as `__main__`; records how it ended in `result`.
+
+  Args:
+    program: path of the Python program.
+    init_globals: the globals it starts with (a TF 1.x program's
+      `__builtins__`), or an empty dict.
+    folders: the folders of the program's own code, for `reason`.
+    result: the `RunResult` whose `exit_code`, `error`, `reason`,
+      `stopped_by` and `stop_checkpoint` are set.
+  """
+  try:
+    runpy.run_path(program, init_globals=init_globals, run_name='__main__')
+  except run_state.TrainGraphBuilt:
+    result.exit_code = 0
+  except run_state.Preempted as e:
+    # The status a process killed by the signal would have (143), as
+    # the package's own training command exits.
+    result.stopped_by = e.signal_name
+    result.stop_checkpoint = e.checkpoint
+    result.exit_code = 128 + signal.Signals[e.signal_name].value
+  except SystemExit as e:
+    result.exit_code = _exit_code(e)
+  except tf1_lib.UnmappedContribError as e:
+    # The message names the symbol and the program's line: the
+    # traceback through the import machinery adds nothing.
+    result.error = result.reason = '%s: %s' % (type(e).__name__, e)
+    print(result.error, file=sys.stderr)
+    result.exit_code = 1
+  except KeyboardInterrupt:
+    # Ctrl-C outside train, or a second one inside: stop at once, in one
+    # line (the traceback is of wherever Python happened to be).
+    result.error = ('KeyboardInterrupt: stopped at once by Ctrl-C; the '
+                    'newest checkpoint is the last one written.')
+    print(result.error, file=sys.stderr)
+    result.exit_code = 130
+  except BaseException as e:  # pylint: disable=broad-except
+    # As Python does for an uncaught exception: traceback, status 1.
+    result.error = _program_traceback(e, program)
+    result.reason = _failure_reason(e, folders)
+    print(result.error, end='', file=sys.stderr)
+    result.exit_code = 1

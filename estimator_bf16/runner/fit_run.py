@@ -1,0 +1,69 @@
+"""`run --fit`: plan the program's step, choose the levers, train with them.
+
+    planning, result = fit_run.run_with_fit(
+        'run_classifier.py', ['--do_train=true', ...],
+        budget_bytes=fit.parse_size('6GiB'))
+    result.fit.chosen        # the levers it trained with
+    result.peak_tensor_bytes # measured, to compare with the plan and budget
+
+The program runs twice in this process. First as `check` runs it: up to
+its first `train` call, with scratch model_dirs, so nothing is trained or
+written; that gives the TRAIN graph, whose step is planned under every
+lever combination (`run_report.fit_plans`, for this machine). Then, if an
+option fits, whole, with the cheapest one's precision, accumulation and
+recompute, and with the step's memory measured (`peak_memory`). Whatever
+the program prints before its first `train` call is therefore printed
+twice.
+"""
+
+import functools
+
+from estimator_bf16.memory import fit as fit_lib
+from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.runner import program as runner
+from estimator_bf16.runner import report as run_report
+
+
+def run_with_fit(program, args=(), *, budget_bytes,
+                 precisions=precision_lib.PRECISIONS, audit='strict',
+                 exclude=(), tf1=None, tf1_paths=(), on_choice=None):
+  """Runs `program` with the cheapest levers that fit `budget_bytes`.
+
+  Args:
+    program, args, audit, exclude, tf1, tf1_paths: as for
+      `runner.run_program`.
+    budget_bytes: int, memory of one core (or of this CPU's process).
+    precisions: the precisions the fit may choose from.
+    on_choice: called with the planning `RunResult` (its `.plans` is the
+      `FitResult`) once an option is chosen, before training starts.
+
+  Returns:
+    (planning, result): the check-mode `RunResult` that planned, and the
+    training run's `RunResult` (its `.fit` set), or None when nothing was
+    trained: the program failed or never trained before the plan, its
+    TRAIN graph has audit problems and `audit` is 'strict', the plan
+    failed, or nothing fits (`planning.plans.chosen` is None).
+
+  Raises:
+    runner.ProgramError: the program is missing, or an option is bad.
+  """
+  plan_fn = functools.partial(run_report.fit_plans, budget_bytes=budget_bytes,
+                              precisions=tuple(precisions), here=True)
+  planning = runner.run_program(
+      program, args, precision=precisions[-1], audit=audit, exclude=exclude,
+      check=True, plan_fn=plan_fn, tf1=tf1, tf1_paths=tf1_paths)
+  fitted = planning.plans
+  if (planning.train_graph is None or planning.error is not None or
+      (audit == 'strict' and planning.problems) or
+      not isinstance(fitted, fit_lib.FitResult) or fitted.chosen is None):
+    return planning, None
+  if on_choice is not None:
+    on_choice(planning)
+  chosen = fitted.chosen
+  result = runner.run_program(
+      program, args, precision=chosen.precision, audit=audit,
+      exclude=exclude, memory=True, tf1=tf1, tf1_paths=tf1_paths,
+      gradient_accumulation_steps=chosen.gradient_accumulation_steps,
+      recompute=chosen.recompute)
+  result.fit = fitted
+  return planning, result

@@ -1,0 +1,166 @@
+"""Runs an unmodified Estimator / TPUEstimator program in bfloat16.
+
+    result = run_program('mnist_tpu.py', ['--use_tpu=false', ...],
+                         precision='bfloat16')
+
+The program runs as `__main__`, as `python PROGRAM.py ARGS` runs it:
+`sys.argv`, `sys.path[0]` (the program's folder, so its sibling imports
+resolve), absl flags and `app.run` behave the same. While it runs:
+
+* every Estimator / TPUEstimator it constructs gets its model_fn wrapped with
+  `eb.wrap_model_fn(model_fn, precision, audit, exclude)` and, in bfloat16,
+  `params['precision']`;
+* every input_fn given to such an estimator's `train` / `evaluate` /
+  `predict` (also the calls `tf.estimator.train_and_evaluate` makes) is
+  wrapped with `eb.wrap_input_fn`;
+* `TPUClusterResolver('')` gets a local stand-in when no TPU is around
+  (`estimator_bf16.runner.tpu_resolver`);
+* on TensorFlow 2.16+ the compat backend is installed first, so
+  `tf.estimator` imports resolve;
+* a TF 1.x program (`import tensorflow as tf` with `tf.flags`,
+  `tf.contrib`, ...; `estimator_bf16.runner.tf1.detect`, or forced with `tf1`)
+  and the modules it imports from its folder and `tf1_paths` see
+  `tensorflow` as TF 1.x (`estimator_bf16.runner.tf1.Tf1Scope`); libraries keep
+  the real module;
+* a SIGTERM during such a `train` call (a preemptible VM's notice) stops
+  training after the current step (TPU loop), the Estimator writes a
+  checkpoint of that step as it closes, and the program ends there with
+  exit code 143, without evaluating or exporting
+  (`estimator_bf16.safety.preemption`). A second SIGTERM exits at once.
+
+Everything is put back when the program ends, also when it raises or exits.
+With `precision='float32'` the graph is not changed: the model_fn is only
+observed, to report its FLOP share, and params are left alone.
+
+The work is split by concern: `run_state` (the run's options and what its
+model_fns record), `estimator_patches` (the patched Estimator classes),
+`execution` (the program as a script), `results` (`RunResult`,
+`TrainGraph`, `ProgramError`, re-exported here).
+"""
+
+import contextlib
+import os
+
+import tensorflow as tf
+
+import estimator_bf16 as eb
+from estimator_bf16.memory import levers as levers_lib
+from estimator_bf16.platform import quiet
+from estimator_bf16.precision import audit as audit_lib
+from estimator_bf16.runner import estimator_patches
+from estimator_bf16.runner import execution
+from estimator_bf16.runner import results
+from estimator_bf16.runner import run_state
+from estimator_bf16.runner import tpu_resolver
+
+ProgramError = results.ProgramError
+RunResult = results.RunResult
+TrainGraph = results.TrainGraph
+
+
+def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
+                   gradient_accumulation_steps=1, recompute=False):
+  try:
+    eb.compute_dtype(precision)
+  except ValueError as e:
+    raise ProgramError('--precision: %s' % e)
+  try:
+    levers_lib.check_levers(gradient_accumulation_steps, recompute)
+  except ValueError as e:
+    raise ProgramError(str(e))
+  if audit not in audit_lib.AUDIT_MODES:
+    raise ProgramError('--audit must be one of %s, got %r.' %
+                       (', '.join(audit_lib.AUDIT_MODES), audit))
+  if isinstance(exclude, str) or not all(isinstance(k, str) for k in exclude):
+    raise ProgramError('exclude must be a list of feature keys, got %r.' %
+                       (exclude,))
+  if tf1 not in (None, True, False):
+    raise ProgramError('tf1 must be None (detect), True or False, got %r.' %
+                       (tf1,))
+  for folder in tf1_paths:
+    if not os.path.isdir(folder):
+      raise ProgramError('--tf1_path %s: no such folder.' % folder)
+  if not os.path.exists(program):
+    raise ProgramError('%s: no such file.' % program)
+  if not os.path.isfile(program):
+    raise ProgramError('%s is not a file: give the Python program to run.' %
+                       program)
+
+
+def run_program(program, args=(), precision='bfloat16', audit='strict',
+                exclude=(), memory=False, check=False, plan_fn=None,
+                tf1=None, tf1_paths=(), gradient_accumulation_steps=1,
+                recompute=False):
+  """Runs `program` as `__main__` with its Estimators in `precision`.
+
+  Args:
+    program: path of the Python program.
+    args: its command-line arguments (what follows PROGRAM).
+    precision: 'bfloat16', or 'float32' to run it unchanged.
+    audit: 'strict', 'warn' or 'off' (see `eb.wrap_model_fn`).
+    exclude: feature keys never cast.
+    memory: measure the allocator peak of a training step (needs
+      TF_CPU_ALLOCATOR_USE_BFC=true set before TensorFlow was imported).
+    check: stop at the first TRAIN graph, before any training.
+    plan_fn: in check mode, `plan_fn(train_graph) -> plans` run while the
+      program's environment is still in place (its modules may need the
+      compat backend); its result goes to `RunResult.plans`.
+    tf1: run the program with the TF 1.x API (True), without (False), or
+      decide from its source (None, `estimator_bf16.runner.tf1.detect`).
+    tf1_paths: more folders whose modules are the program's own TF 1.x
+      code (its own folder always is).
+    gradient_accumulation_steps: K >= 1; every TRAIN graph applies the mean
+      gradient of K micro-batches per update, and a TPUEstimator's
+      `train_batch_size` is divided by K (see `eb.make_tpu_estimator`).
+    recompute: recompute activations during backprop.
+
+  Returns:
+    A `RunResult`. The program's traceback (if it raised) is printed to
+    stderr, as Python prints it, and kept in `error`.
+
+  Raises:
+    ProgramError: the program is missing, or an option is bad; nothing ran.
+  """
+  _check_options(program, precision, audit, exclude, tf1, tf1_paths,
+                 gradient_accumulation_steps, recompute)
+  result = RunResult(program=program, precision=precision,
+                     gradient_accumulation_steps=gradient_accumulation_steps,
+                     recompute=recompute)
+  run = run_state.ProgramRun(precision, audit, tuple(exclude), memory, check,
+                             result)
+
+  def count_resolver(stand_in):
+    del stand_in
+    result.local_resolvers += 1
+
+  folders = [os.path.dirname(os.path.realpath(program))] + list(tf1_paths)
+  with contextlib.ExitStack() as stack:
+    stack.callback(run.close)
+    stack.enter_context(quiet.tensorflow_logs_once())
+    stack.enter_context(quiet.deprecation_notices_hidden())
+    stack.enter_context(execution.compat_backend())
+    stack.enter_context(tpu_resolver.substitute_empty_name(count_resolver))
+    stack.enter_context(estimator_patches.patched_for(run))
+    stack.enter_context(execution.forget_program_state(folders, result))
+    scope = execution.tf1_scope(program, folders, tf1, result)
+    program_globals = {}
+    if scope is not None:
+      stack.enter_context(scope)
+      program_globals['__builtins__'] = scope.builtins
+      # TF 1.x had no eager mode: a program's own graph code outside the
+      # Estimator (tf.placeholder, tf.Session) built into a default graph.
+      # A fresh default graph gives it that on this thread, and is gone
+      # with the run; the Estimator still builds graphs of its own.
+      stack.enter_context(tf.Graph().as_default())
+    stack.enter_context(execution.program_argv(program, args))
+    execution.run_as_main(program, program_globals, folders, result)
+    if (check and plan_fn is not None and result.train_graph is not None
+        and result.train_graph.features is not None):
+      try:
+        result.plans = plan_fn(result.train_graph)
+      except Exception as e:  # pylint: disable=broad-except
+        result.plan_error = '%s: %s' % (type(e).__name__, e)
+  result.peak_bytes = max([h.peak_bytes for h in run.hooks] or [0])
+  result.train_peak_tensor_bytes = [h.tensor_peak_bytes for h in run.hooks]
+  result.peak_tensor_bytes = max(result.train_peak_tensor_bytes or [0])
+  return result

@@ -1,0 +1,396 @@
+"""The reports of `python -m estimator_bf16 run` and `check`.
+
+`run` ends with one short report (precision, bfloat16 share of matmul/conv
+FLOPs, audit problems, measured peak step memory, a stop by SIGTERM and the
+checkpoint it left). `check` prints the audit
+of the program's TRAIN graph and a memory plan: the batch per TPU v2 / v3
+core in each precision, with Adam and with Adafactor.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+import estimator_bf16 as eb
+from estimator_bf16.memory import fit as fit_lib
+from estimator_bf16.platform import cpu_bfloat16 as cpu
+
+PLAN_OPTIMIZERS = ('adam', 'adafactor')
+TPU_ACCUMULATION_NOTE = (
+    'not planned for a TPU core (--device): on a TPU the training loop runs '
+    'the steps on the device, so accumulation needs use_tpu=False; give '
+    '--memory_budget to plan CPUs and GPUs')
+BOARD_LINE = ('A v2-8 / v3-8 board has 8 cores; the global batch is 8x the '
+              'per-core batch.')
+MiB = 2.0**20
+
+
+def adam_slot_bytes(variable_shapes):
+  """Adam keeps two float32 slots (m, v) the size of every parameter."""
+  return sum(2 * 4 * int(np.prod(shape)) for _, shape in variable_shapes)
+
+
+def adafactor_slot_bytes(variable_shapes):
+  """`eb.AdafactorOptimizer`'s default slots (beta1=0, factored), float32.
+
+  A variable of rank >= 2 keeps a row accumulator (its shape without the
+  last dimension) and a column one (without the second to last); vectors
+  and scalars keep one accumulator of their own size.
+  """
+  total = 0
+  for _, shape in variable_shapes:
+    if len(shape) >= 2:
+      total += int(np.prod(shape[:-1])) + int(np.prod(shape[:-2] + shape[-1:]))
+    else:
+      total += int(np.prod(shape))
+  return 4 * total
+
+
+_SLOT_BYTES = {'adam': adam_slot_bytes, 'adafactor': adafactor_slot_bytes}
+
+
+def memory_plans(train_graph, precisions=eb.PRECISIONS,
+                 optimizers=PLAN_OPTIMIZERS, gradient_accumulation_steps=1,
+                 recompute=False):
+  """Memory plans of the program's model_fn for each precision and optimizer.
+
+  `eb.memory_plan` builds the model_fn's own training step (its own
+  optimizer included) at two small batches. The optimizer's state is then
+  set to what Adam or Adafactor keeps for the program's trainable
+  variables; the transient part (activations, gradients, the bfloat16
+  copies of the weights) stays the model_fn's own.
+
+  Args:
+    train_graph: a `runner.TrainGraph`.
+    precisions: precisions to plan.
+    optimizers: names from `PLAN_OPTIMIZERS`.
+    gradient_accumulation_steps, recompute: the levers the run uses; with
+      K > 1 the plans' batches are effective batches and the accumulators
+      (one float32 copy of the trainable variables) count as slots.
+
+  Returns:
+    {(precision, optimizer): `eb.MemoryPlan`}.
+  """
+  plans = {}
+  for precision in precisions:
+    plan = eb.memory_plan(train_graph.model_fn, features=train_graph.features,
+                          labels=train_graph.labels, precision=precision,
+                          params=train_graph.params,
+                          gradient_accumulation_steps=gradient_accumulation_steps,
+                          recompute=recompute)
+    accumulators = (plan.parameter_bytes if gradient_accumulation_steps > 1
+                    else 0)
+    for optimizer in optimizers:
+      plans[(precision, optimizer)] = dataclasses.replace(
+          plan, optimizer=optimizer,
+          slot_bytes=(_SLOT_BYTES[optimizer](train_graph.variable_shapes) +
+                      accumulators))
+  return plans
+
+
+def _problem_lines(problems):
+  if not problems:
+    return ['audit: no problems']
+  lines = ['audit: %d problem(s)' % len(problems)]
+  lines += ['  - ' + problem for problem in problems]
+  return lines
+
+
+def _flop_line(reports):
+  if not reports:
+    return 'bfloat16 share of matmul/conv FLOPs: no TRAIN graph was built'
+  report = reports[-1]
+  total = sum(report.flops_by_dtype.values())
+  return ('bfloat16 share of matmul/conv FLOPs: %.1f%% of %.3g per step '
+          '(TRAIN graph, forward and backward)' % (
+              100 * report.bfloat16_flop_share, total))
+
+
+def _tf1_line(result):
+  return 'TF 1.x API: %s (%s)' % ('on' if result.tf1 else 'off',
+                                  result.tf1_reason)
+
+
+def levers_line(result):
+  """One line naming the memory levers a run used."""
+  parts = []
+  steps = result.gradient_accumulation_steps
+  if steps > 1:
+    batches = ', '.join('train_batch_size %d = %d x %d' % (batch, steps, micro)
+                        for batch, micro in result.micro_batches)
+    if not batches and result.estimators:
+      batches = "an Estimator's input_fn batch is the micro-batch"
+    parts.append('gradient accumulation K=%d%s' % (
+        steps, ' (%s)' % batches if batches else ''))
+  if result.recompute:
+    parts.append('recompute on')
+  return 'memory levers: %s' % ('; '.join(parts) or 'none')
+
+
+def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
+              here=False, on_tpu=False):
+  """`--fit`: every lever combination for the program's batch.
+
+  Accumulation is left out where the runner cannot split the estimator's
+  batch (`TrainGraph.accumulation_note`).
+
+  Args:
+    train_graph: a `runner.TrainGraph`; its static batch is the per-core
+      batch of one update.
+    budget_bytes: memory of one core.
+    precisions: the precisions to consider (`--precision=float32` keeps
+      float32 only).
+    here: plan for training on this machine (`run --fit`): on a CPU that
+      emulates bfloat16, with the float32 copies its matmuls make and the
+      planner's wider margin there. False plans a TPU core (`check`).
+    on_tpu: the budget is a TPU core's (`--device`): accumulation is left
+      out, since it needs use_tpu=False.
+
+  Returns:
+    An `estimator_bf16.memory.fit.FitResult`.
+
+  Raises:
+    ValueError: the TRAIN graph's batch is not static.
+  """
+  if not train_graph.batch_size:
+    raise ValueError('the TRAIN graph has no static batch size to fit; '
+                     'batch with drop_remainder=True.')
+  plans = fit_lib.lever_plans(train_graph.model_fn,
+                              features=train_graph.features,
+                              labels=train_graph.labels,
+                              params=train_graph.params,
+                              precisions=precisions)
+  upcast = here and not train_graph.use_tpu and not cpu.native_bfloat16()
+  images = any(spec.dtype.is_floating and (spec.shape.rank or 0) >= 3
+               for spec in tf.nest.flatten(train_graph.features))
+  result = fit_lib.fit(
+      plans, train_graph.batch_size, budget_bytes,
+      margin=(fit_lib.EMULATED_PLAN_MARGIN if upcast
+              else fit_lib.PLAN_MARGIN),
+      upcast=upcast,
+      accumulation_note=(TPU_ACCUMULATION_NOTE if on_tpu
+                         else train_graph.accumulation_note))
+  return dataclasses.replace(result, image_input=images)
+
+
+def fit_lines(result):
+  """The `check --fit` table, the choice, or the advice when none fits."""
+  lines = ['fit: batch %d per core (the TRAIN graph\'s batch) in %.0f MiB; '
+           'every combination of the levers, planned%s (fits: plan + %d%% '
+           'margin within the budget; cost: time per example relative to '
+           'plain bfloat16, from the benchmark):' % (
+               result.batch_per_core, result.budget_bytes / MiB,
+               ' with this CPU\'s float32 copies for bfloat16 matmuls'
+               if result.upcast else '', round(100 * result.margin))]
+  lines += fit_lib.table_lines(result)
+  lines += result.notes
+  lines.append('largest batch per core in %.0f MiB: %s.' % (
+      result.budget_bytes / MiB, '; '.join(
+          '%s %s' % row for row in fit_lib.largest_batches(result))))
+  if result.chosen is not None:
+    lines.append('chosen: %s, planned %.1f MiB of %.1f MiB (cost %.2f).' % (
+        result.chosen.describe(), result.chosen.planned_bytes / MiB,
+        result.budget_bytes / MiB, result.chosen.cost))
+  else:
+    best = min(result.options, key=lambda o: o.planned_bytes)
+    lines.append('nothing fits: the smallest plan, %s, needs %.1f MiB '
+                 '(%.1f MiB with the %d%% margin).' % (
+                     best.describe(), best.planned_bytes / MiB,
+                     best.planned_bytes * (1 + result.margin) / MiB,
+                     round(100 * result.margin)))
+    lines += fit_lib.over_budget_lines(result)
+  lines.append(BOARD_LINE)
+  lines.append('Adafactor (advice: it changes your optimizer) keeps rows + '
+               'columns of each matrix instead of two full Adam slots.')
+  return lines
+
+
+def fit_measured_bytes(result):
+  """The measured step `run --fit` compares: the first `train` call's,
+  whose TRAIN graph was the one planned (0 if not measured)."""
+  peaks = result.train_peak_tensor_bytes
+  return peaks[0] if peaks else 0
+
+
+def fit_run_lines(result):
+  """`run --fit`: the levers chosen, and measured vs planned vs budget."""
+  fitted, chosen = result.fit, result.fit.chosen
+  peak = fit_measured_bytes(result)
+  measured = ('%.1f MiB' % (peak / MiB) if peak else
+              'not measured (it needs 4 training steps)')
+  if peak and len(result.train_peak_tensor_bytes) > 1:
+    measured += " (the first train call's step: the one planned)"
+  verdict = ''
+  if peak:
+    over = peak - fitted.budget_bytes
+    verdict = (': within the budget' if over <= 0 else
+               ': OVER the budget by %.1f MiB' % (over / MiB))
+  return ['fit: %s, chosen for %.1f MiB per core (cost %.2f)' % (
+      chosen.describe(), fitted.budget_bytes / MiB, chosen.cost),
+          'peak step tensors: measured %s | planned %.1f MiB | budget %.1f '
+          'MiB%s' % (measured, chosen.planned_bytes / MiB,
+                     fitted.budget_bytes / MiB, verdict)]
+
+
+def fit_passed(result, fit_requested=False):
+  """False when `--fit` found nothing that fits, or (`fit_requested`)
+  could not plan at all; True otherwise."""
+  if isinstance(result.plans, fit_lib.FitResult):
+    return result.plans.chosen is not None
+  return not fit_requested
+
+
+def report_json(result, budget_bytes=None, exit_code=None):
+  """The exit report as JSON-ready data (`--report=PATH`).
+
+  Keys: 'program', 'precision', 'exit_code', 'peak_step_bytes' (the
+  measured peak of a training step's tensors, what the plan and budget are
+  compared with; with --memory or `run --fit`, else None),
+  'peak_allocator_bytes' (the CPU allocator's peak of the same step),
+  'planned_peak_bytes' and 'budget_bytes' (with --fit, else None),
+  'bfloat16_flop_share' (of the last TRAIN graph, None without one),
+  'levers' ({'precision', 'gradient_accumulation_steps', 'recompute'}: the
+  run's, or with `check --fit` the chosen ones), 'problems' (audit), and
+  with --fit 'fit' (every option). `exit_code` is the command's when
+  given (a check that found nothing fitting exits 1), else the program's.
+  """
+  fitted = result.fit
+  if isinstance(result.plans, fit_lib.FitResult):
+    fitted = result.plans
+  levers = {'precision': result.precision,
+            'gradient_accumulation_steps': result.gradient_accumulation_steps,
+            'recompute': result.recompute}
+  data = {
+      'program': result.program, 'precision': result.precision,
+      'exit_code': result.exit_code if exit_code is None else exit_code,
+      'peak_step_bytes': result.peak_tensor_bytes or None,
+      'peak_allocator_bytes': result.peak_bytes or None,
+      'planned_peak_bytes': None, 'budget_bytes': budget_bytes,
+      'bfloat16_flop_share': (result.reports[-1].bfloat16_flop_share
+                              if result.reports else None),
+      'levers': levers, 'problems': list(result.problems),
+  }
+  if result.fit is not None:
+    data['peak_step_bytes'] = fit_measured_bytes(result) or None
+  if fitted is not None:
+    summary = fit_lib.report_dict(fitted)
+    data['fit'] = summary
+    data['budget_bytes'] = fitted.budget_bytes
+    data['planned_peak_bytes'] = summary['planned_peak_bytes']
+    if summary['levers'] is not None:
+      data['levers'] = summary['levers']
+  return data
+
+
+def format_run_report(result):
+  """The report `run` prints when the program ends.
+
+  Args:
+    result: a `runner.RunResult`.
+
+  Returns:
+    str, a few lines ending with a newline.
+  """
+  lines = ['', 'estimator_bf16 run: %s' % result.program,
+           'precision: %s' % result.precision, _tf1_line(result),
+           levers_line(result)]
+  if result.estimators == 0:
+    lines.append('the program built no Estimator or TPUEstimator, so '
+                 'nothing ran in %s.' % result.precision)
+  else:
+    lines.append('estimators built: %d; TRAIN graphs audited: %d' % (
+        result.estimators, len(result.reports)))
+    lines.append(_flop_line(result.reports))
+    lines += _problem_lines(result.problems)
+  if result.local_resolvers:
+    lines.append('TPU resolver: local stand-in (no TPU named or attached)')
+  if result.peak_bytes:
+    lines.append('peak training-step memory (CPU allocator, measured): '
+                 '%.1f MiB' % (result.peak_bytes / MiB))
+  if result.peak_tensor_bytes:
+    lines.append("peak training-step tensors (measured: variables and the "
+                 "step's tensors at their own size, as planned): %.1f MiB" %
+                 (result.peak_tensor_bytes / MiB))
+  if result.fit is not None:
+    lines += fit_run_lines(result)
+  if result.stopped_by:
+    lines.append('stopped by %s during training, after the current step; '
+                 'newest checkpoint: %s (the same command resumes from it)' %
+                 (result.stopped_by, result.stop_checkpoint or 'none'))
+  if result.reason:
+    lines.append('failed: %s' % result.reason)
+  lines.append('exit code: %d' % result.exit_code)
+  return '\n'.join(lines) + '\n'
+
+
+def _plan_table(plans):
+  header = ('%-9s %-10s %10s %10s %12s %9s %9s' % (
+      'precision', 'optimizer', 'params MiB', 'slots MiB', 'MiB/example',
+      'v2 core', 'v3 core'))
+  lines = [header, '-' * len(header)]
+  for (precision, optimizer), plan in sorted(
+      plans.items(), key=lambda item: (eb.PRECISIONS.index(item[0][0]),
+                                       item[0][1])):
+    cores = plan.max_batch_per_core()
+    lines.append('%-9s %-10s %10.2f %10.2f %12.4f %9d %9d' % (
+        precision, optimizer, plan.parameter_bytes / MiB,
+        plan.slot_bytes / MiB, plan.bytes_per_example / MiB, cores['v2'],
+        cores['v3']))
+  return lines
+
+
+def check_passed(result):
+  """True when `check` found a TRAIN graph without audit problems."""
+  return (result.train_graph is not None and result.error is None and
+          not result.problems)
+
+
+def format_check_report(result, fit_requested=False):
+  """What `check` prints: the audit, then the memory plan.
+
+  Args:
+    result: a `runner.RunResult` from a check-mode run.
+    fit_requested: `--fit` was given: a plan that cannot be made fails.
+
+  Returns:
+    str, ending with a newline.
+  """
+  lines = ['', 'estimator_bf16 check: %s (TRAIN graph in %s)' % (
+      result.program, result.precision), _tf1_line(result),
+           levers_line(result)]
+  if result.train_graph is None:
+    if result.error is not None:
+      lines.append('the program failed before its TRAIN graph was built '
+                   '(exit code %d); its traceback is above.' %
+                   result.exit_code)
+      if result.reason:
+        lines.append('failed: %s' % result.reason)
+    elif result.estimators == 0:
+      lines.append('the program built no Estimator or TPUEstimator: there '
+                   'is no TRAIN graph to check.')
+    else:
+      lines.append('the program never called train: there is no TRAIN '
+                   'graph to check.')
+    return '\n'.join(lines) + '\n'
+  lines.append(_flop_line(result.reports))
+  lines += _problem_lines(result.problems)
+  lines.append('')
+  if isinstance(result.plans, fit_lib.FitResult):
+    lines += fit_lines(result.plans)
+  elif result.plans:
+    lines.append('memory plan: largest batch per TPU core (v2: 8 GiB, v3: 16 '
+                 'GiB HBM), for one training step')
+    lines += _plan_table(result.plans)
+    if result.gradient_accumulation_steps > 1:
+      lines.append('With gradient accumulation K=%d: batches are per update '
+                   '(K micro-batches), MiB/example per micro-batch example, '
+                   'and slots include the float32 accumulators.' %
+                   result.gradient_accumulation_steps)
+    lines.append('Estimates without XLA fusion or padding: leave headroom. '
+                 + BOARD_LINE)
+  else:
+    lines.append('memory plan: not available (%s)' % result.plan_error)
+  passed = check_passed(result) and fit_passed(result, fit_requested)
+  lines.append('result: %s' % ('OK' if passed else 'FAILED'))
+  return '\n'.join(lines) + '\n'

@@ -1,0 +1,114 @@
+"""What a program run under the runner reports: `RunResult`, `TrainGraph`.
+
+The records `run_program` returns (`RunResult`, with the first TRAIN graph
+as a `TrainGraph` in check mode) and `ProgramError`, raised before anything
+runs when the program or an option is bad. `run_report` prints them.
+"""
+
+import dataclasses
+from typing import Any, List, Optional
+
+
+class ProgramError(ValueError):
+  """The program cannot be run at all (missing file, bad options)."""
+
+
+@dataclasses.dataclass
+class TrainGraph:
+  """The first TRAIN graph of the program, as `check` needs it.
+
+  Attributes:
+    model_fn: the program's own model_fn (unwrapped).
+    params: the params it got, without TPUEstimator's own keys.
+    features, labels: nests of `tf.TensorSpec` of one example (no batch
+      dimension), as the input pipeline delivered them; labels may be None.
+    variable_shapes: (name, shape list) of each trainable variable.
+    batch_size: the batch the graph was built at, if static.
+    use_tpu: whether its estimator trains on a TPU.
+    accumulation_note: why the runner cannot split this estimator's batch
+      into micro-batches (`--accumulate`), or None when it can.
+  """
+  model_fn: Any
+  params: dict
+  features: Any
+  labels: Any
+  variable_shapes: List[Any]
+  batch_size: Optional[int]
+  use_tpu: bool = False
+  accumulation_note: Optional[str] = None
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What happened while the program ran.
+
+  Attributes:
+    program: the program path as given.
+    precision: 'float32' or 'bfloat16'.
+    exit_code: the program's exit code (0 when `check` stopped it at train).
+    estimators: how many Estimators / TPUEstimators it constructed.
+    reports: a `GraphReport` for each TRAIN graph built, in order.
+    peak_bytes: measured allocator peak of a training step (`memory=True`),
+      0 if not measured.
+    peak_tensor_bytes: measured peak of the same step's tensors: variables
+      plus what the step allocated, at the bytes each asked for
+      (`peak_memory.live_tensor_peak`); what the planner plans. 0 if not
+      measured. The largest over the program's `train` calls.
+    train_peak_tensor_bytes: the same for each `train` call, in order.
+    local_resolvers: how many empty-name TPU resolvers got the stand-in.
+    train_graph: in check mode, the first TRAIN graph (None if none built).
+    plans: in check mode, what `plan_fn` returned: {(precision, optimizer):
+      MemoryPlan}, or with `check --fit` an
+      `estimator_bf16.memory.fit.FitResult`.
+    plan_error: why the plans are missing, if they are.
+    error: the exception that ended the program, formatted, if any.
+    stopped_by: the signal that stopped training and ended the program
+      ('SIGTERM'), or None.
+    stop_checkpoint: the newest checkpoint of the stopped estimator's
+      model_dir after the stop (the one a rerun restores), or None.
+    reason: for a program that raised, one line: the exception's type and
+      message, and the program's line it came from.
+    program_flags: names of the absl flags the program defined.
+    tf1: whether the program ran with the TF 1.x API.
+    tf1_reason: why: the first TF 1.x use found ('file:line: tf.flags'),
+      the option that forced it, or what was read without finding one.
+    gradient_accumulation_steps: K, micro-batches per update.
+    recompute: whether activations were recomputed in backprop.
+    micro_batches: for each TPUEstimator with K > 1, (train_batch_size as
+      the program gave it, the micro-batch it trained at).
+    fit: with `run --fit`, the `estimator_bf16.memory.fit.FitResult` whose
+      chosen levers this run trained with; else None.
+  """
+  program: str
+  precision: str
+  exit_code: int = 0
+  estimators: int = 0
+  reports: list = dataclasses.field(default_factory=list)
+  peak_bytes: int = 0
+  peak_tensor_bytes: int = 0
+  train_peak_tensor_bytes: list = dataclasses.field(default_factory=list)
+  local_resolvers: int = 0
+  train_graph: Optional[TrainGraph] = None
+  plans: Any = dataclasses.field(default_factory=dict)
+  plan_error: Optional[str] = None
+  error: Optional[str] = None
+  stopped_by: Optional[str] = None
+  stop_checkpoint: Optional[str] = None
+  reason: Optional[str] = None
+  program_flags: frozenset = frozenset()
+  tf1: bool = False
+  tf1_reason: Optional[str] = None
+  gradient_accumulation_steps: int = 1
+  recompute: bool = False
+  micro_batches: list = dataclasses.field(default_factory=list)
+  fit: Any = None
+
+  @property
+  def problems(self):
+    """Audit problems over all TRAIN graphs, each once, in order."""
+    seen = []
+    for report in self.reports:
+      for problem in report.problems:
+        if problem not in seen:
+          seen.append(problem)
+    return seen

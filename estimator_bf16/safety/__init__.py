@@ -1,0 +1,1 @@
+"""Training that fails safely: numeric guards, activation range, preemption, checkpoints."""

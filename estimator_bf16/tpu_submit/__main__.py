@@ -1,8 +1,0 @@
-"""`python -m estimator_bf16.tpu_submit`: the `tpu-submit` program."""
-
-import sys
-
-from estimator_bf16.tpu_submit import main
-
-if __name__ == '__main__':
-  sys.exit(main.main())

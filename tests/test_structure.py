@@ -1,0 +1,197 @@
+"""The package's shape: a folder per concern, one home per fact, no cycles.
+
+These hold what a reader relies on when finding their way: the tree of
+`estimator_bf16/` is the README's table of contents, no module is too long
+to read in one sitting, imports only go one way, and a fact that several
+places need (an op type, a mode string, a precision name) is spelled once.
+"""
+
+import ast
+import collections
+import os
+import re
+from unittest import mock
+
+import tensorflow as tf
+
+import estimator_bf16 as eb
+from estimator_bf16.autocast import op_lists
+from estimator_bf16.compat import estimator_spec
+from estimator_bf16.estimator import calling
+from estimator_bf16.precision import policy
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE = os.path.join(_REPO, 'estimator_bf16')
+MAX_ENTRIES = 12
+MAX_LINES = 600
+
+
+def _modules():
+  """{dotted module name: path} of every module in the package."""
+  found = {}
+  for root, dirs, files in os.walk(_PACKAGE):
+    dirs[:] = [d for d in dirs if d != '__pycache__']
+    for name in files:
+      if name.endswith('.py'):
+        path = os.path.join(root, name)
+        dotted = os.path.relpath(path[:-3], _REPO).replace(os.sep, '.')
+        found[dotted[:-len('.__init__')] if dotted.endswith('__init__')
+              else dotted] = path
+  return found
+
+
+def _module_level_imports(path, modules):
+  """Package modules `path` imports at module level (not inside functions)."""
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  found = set()
+  for node in tree.body:
+    if isinstance(node, ast.ImportFrom) and node.module and (
+        node.module.startswith('estimator_bf16')):
+      for alias in node.names:
+        candidate = node.module + '.' + alias.name
+        found.add(candidate if candidate in modules else node.module)
+    elif isinstance(node, ast.Import):
+      found.update(a.name for a in node.names
+                   if a.name.startswith('estimator_bf16.'))
+  return found
+
+
+class LayoutTest(tf.test.TestCase):
+
+  def test_the_package_has_a_short_list_of_folders(self):
+    entries = sorted(e for e in os.listdir(_PACKAGE)
+                     if e not in ('__init__.py', '__main__.py', '__pycache__'))
+    self.assertLessEqual(len(entries), MAX_ENTRIES, entries)
+    # Folders only: every module belongs to a concern.
+    self.assertEqual([e for e in entries
+                      if not os.path.isdir(os.path.join(_PACKAGE, e))], [])
+
+  def test_no_module_is_too_long_to_read(self):
+    long_ones = {}
+    for name, path in _modules().items():
+      with open(path) as f:
+        lines = sum(1 for _ in f)
+      if lines > MAX_LINES:
+        long_ones[name] = lines
+    self.assertEqual(long_ones, {})
+
+  def test_imports_have_no_cycles(self):
+    modules = _modules()
+    graph = {name: _module_level_imports(path, modules) & set(modules)
+             for name, path in modules.items()}
+    # A package's __init__ runs before its modules; `estimator_bf16` itself
+    # re-exports the public API, so edges into it are the public surface.
+    for name in graph:
+      graph[name].discard('estimator_bf16')
+    state = collections.defaultdict(int)  # 0 new, 1 on the path, 2 done
+    cycles = []
+
+    def visit(node, path):
+      state[node] = 1
+      for nxt in sorted(graph.get(node, ())):
+        if state[nxt] == 1:
+          cycles.append(path[path.index(nxt):] + [nxt])
+        elif state[nxt] == 0:
+          visit(nxt, path + [nxt])
+      state[node] = 2
+
+    for name in sorted(graph):
+      if state[name] == 0:
+        visit(name, [name])
+    self.assertEqual(cycles, [])
+
+  def test_readme_layout_names_every_folder_and_existing_modules(self):
+    with open(os.path.join(_REPO, 'README.md')) as f:
+      readme = f.read()
+    section = readme[readme.index('## Repository layout'):]
+    section = section[:section.index('\n## ', 1)]
+    for entry in os.listdir(_PACKAGE):
+      if os.path.isdir(os.path.join(_PACKAGE, entry)) and (
+          entry != '__pycache__'):
+        self.assertIn('`estimator_bf16/%s/`' % entry, section)
+    # Every module the table names, relative to the folder of its row.
+    for row in re.findall(r'^\| `estimator_bf16/([\w/]+)/` \|(.*)$', section,
+                          re.M):
+      folder, text = row
+      for module in re.findall(r'`([\w/]+\.py)`', text):
+        self.assertTrue(
+            os.path.exists(os.path.join(_PACKAGE, folder, module)),
+            'README names estimator_bf16/%s/%s' % (folder, module))
+
+
+class OneHomePerFactTest(tf.test.TestCase):
+
+  def test_matmul_conv_and_variable_op_names_only_in_op_lists(self):
+    names = (op_lists.MATMUL_CONV_OPS | op_lists.BFLOAT16_OPS |
+             op_lists.VARIABLE_OPS)
+    home = os.path.join(_PACKAGE, 'autocast', 'op_lists.py')
+    spelled = []
+    for path in _modules().values():
+      if path == home:
+        continue
+      with open(path) as f:
+        tree = ast.parse(f.read())
+      for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in names:
+          spelled.append('%s:%d %r' % (os.path.relpath(path, _REPO),
+                                       node.lineno, node.value))
+    self.assertEqual(spelled, [])
+
+  def test_op_lists_name_registered_ops(self):
+    from tensorflow.python.framework import op_def_registry  # pylint: disable=g-import-not-at-top
+    lists = [value for name, value in vars(op_lists).items()
+             if name.isupper() and isinstance(value, frozenset)]
+    unknown = sorted(
+        op for ops in lists for op in ops
+        # Grappler's fused ops exist only in the optimized graph.
+        if not op.startswith('_') and op_def_registry.get(op) is None)
+    self.assertEqual(unknown, [])
+
+  def test_autocast_bfloat16_ops_are_counted_by_the_audit(self):
+    # What autocast puts in bfloat16 is what the audit's FLOP share counts.
+    self.assertEqual(
+        op_lists.BFLOAT16_OPS - op_lists.MATMUL_CONV_OPS, frozenset())
+
+  def test_mode_strings_agree_with_both_backends(self):
+    self.assertEqual(
+        (estimator_spec.ModeKeys.TRAIN, estimator_spec.ModeKeys.EVAL,
+         estimator_spec.ModeKeys.PREDICT),
+        (calling.TRAIN, calling.EVAL, calling.PREDICT))
+    estimator_module = getattr(tf.compat.v1, 'estimator', None)
+    if eb.BACKEND == 'tf_estimator' and estimator_module is not None:
+      keys = estimator_module.ModeKeys
+      self.assertEqual((keys.TRAIN, keys.EVAL, keys.PREDICT),
+                       (calling.TRAIN, calling.EVAL, calling.PREDICT))
+
+
+class PrecisionParsedOnceTest(tf.test.TestCase):
+
+  def test_a_precision_is_a_checked_name(self):
+    value = policy.parse_precision('bfloat16')
+    self.assertIsInstance(value, policy.Precision)
+    self.assertEqual(value, 'bfloat16')
+    self.assertTrue(value.bfloat16)
+    self.assertEqual(value.compute_dtype, tf.bfloat16)
+    self.assertIs(policy.parse_precision(value), value)
+    self.assertFalse(policy.parse_precision('float32').bfloat16)
+    with self.assertRaisesRegex(ValueError, "'float32', 'bfloat16'"):
+      policy.parse_precision('fp16')
+
+  def test_make_tpu_estimator_parses_the_precision_once(self):
+    original = policy.Precision.__new__
+    made = []
+
+    def counting_new(cls, name):
+      made.append(name)
+      return original(cls, name)
+
+    def model_fn(features, labels, mode, params):
+      del labels, mode, params
+      return features
+
+    with mock.patch.object(policy.Precision, '__new__', counting_new):
+      eb.make_tpu_estimator(
+          model_fn, model_dir=self.get_temp_dir(), precision='bfloat16',
+          train_batch_size=8)
+    self.assertEqual(made, ['bfloat16'])
