@@ -11,7 +11,7 @@ Estimator's evaluation.
 import os
 import shutil
 
-from estimator_bf16.apps import precision_comparison as models_report
+from estimator_bf16.apps import precision_comparison
 from estimator_bf16.apps import training
 
 # The synthetic marker task: short sequences and a larger batch and rate
@@ -25,7 +25,7 @@ _BERT = dict(seq_length=32, train_batch_size=32, eval_batch_size=32,
 def _one_run(options, model_dir):
   shutil.rmtree(model_dir, ignore_errors=True)
   result = training.run(options)
-  steps, losses = models_report.read_scalars(model_dir)
+  steps, losses = precision_comparison.read_scalars(model_dir)
   tail = max(1, len(losses) // 10)
   return {
       'eval_accuracy': result['eval'].get('accuracy'),

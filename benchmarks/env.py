@@ -11,7 +11,7 @@ import platform
 
 import tensorflow as tf
 
-from estimator_bf16.platform import cpu_bfloat16 as eb_cpu
+from estimator_bf16.platform import cpu_bfloat16
 
 # CPU flags that decide how fast bfloat16 (and float32) math can be.
 _FLAGS_OF_INTEREST = ('avx', 'avx2', 'fma', 'f16c', 'avx512f', 'avx512bw',
@@ -96,7 +96,7 @@ def describe():
       'cpu_flags': {flag: flag in flags for flag in _FLAGS_OF_INTEREST},
       'native_bfloat16': bool({'avx512_bf16', 'amx_bf16'} & flags),
       # False also when oneDNN is off: then TensorFlow emulates bfloat16.
-      'bfloat16_kernels_native': eb_cpu.bfloat16_support().native,
+      'bfloat16_kernels_native': cpu_bfloat16.bfloat16_support().native,
       # Whether the peer, TensorFlow's oneDNN bfloat16 rewrite, acts here.
       'onednn_rewrite_active': onednn_rewrite_active(),
       'onednn': onednn_setting(),

@@ -5,7 +5,7 @@ unmodified model_fn the benchmark trains; `plan_row` turns a plan into the
 numbers results.json keeps; `relative_error` is estimate / measured - 1.
 """
 
-from estimator_bf16.memory import planner as memory_planner
+from estimator_bf16.memory import planner
 from benchmarks import graphs
 
 
@@ -20,7 +20,7 @@ def plan_model(spec, precision, optimizer=None, gradient_accumulation_steps=1,
     gradient_accumulation_steps, recompute: the memory levers.
   """
   features, labels = graphs.feature_specs(spec)
-  return memory_planner.memory_plan(
+  return planner.memory_plan(
       graphs.model_fn(spec, optimizer), features=features, labels=labels,
       precision=precision,
       gradient_accumulation_steps=gradient_accumulation_steps,

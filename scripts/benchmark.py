@@ -75,7 +75,7 @@ def main(argv=None):
   from benchmarks import configs
   from benchmarks import report
   from benchmarks import runner
-  from estimator_bf16.platform import cpu_bfloat16 as cpu
+  from estimator_bf16.platform import cpu_bfloat16
   sections = _sections(args.sections, runner.SECTIONS)
   # Progress lines (absl) at INFO; TensorFlow's Estimator chatter only when
   # asked for.
@@ -85,7 +85,7 @@ def main(argv=None):
     import tensorflow as tf
     tf.get_logger().setLevel('ERROR')
   config = configs.get_config('quick' if args.quick else 'full')
-  support = cpu.bfloat16_support()
+  support = cpu_bfloat16.bfloat16_support()
   if support.native is False and not args.time_emulated:
     logging.warning(
         'bfloat16 is emulated on this CPU (%s): its speed is not measurable '

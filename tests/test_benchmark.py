@@ -22,7 +22,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 from estimator_bf16.memory import peak as memory_lib
-from estimator_bf16.platform import cpu_bfloat16 as cpu
+from estimator_bf16.platform import cpu_bfloat16
 from benchmarks import configs
 from benchmarks import graphs
 from benchmarks import head_to_head
@@ -143,7 +143,7 @@ def test_the_planner_is_checked_for_every_lever_combination(outputs):
 def test_every_figure_of_the_issue_is_there(outputs):
   results, _, _ = outputs
   env = results['env']
-  assert env['native_bfloat16'] == cpu.native_bfloat16()
+  assert env['native_bfloat16'] == cpu_bfloat16.native_bfloat16()
   assert env['tensorflow'] and env['cpu_flags']
   assert set(results['models']) == {'mnist_mlp'}
   model = results['models']['mnist_mlp']
@@ -634,8 +634,9 @@ def test_the_program_cuts_timing_only_where_bfloat16_is_emulated(
   monkeypatch.setattr(benchmark_program.logging, 'use_absl_handler',
                       lambda: None)
   monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '2')
-  monkeypatch.setattr(cpu, 'bfloat16_support', lambda: cpu.Bfloat16Support(
-      native, (), 'stated by the test'))
+  monkeypatch.setattr(
+      cpu_bfloat16, 'bfloat16_support',
+      lambda: cpu_bfloat16.Bfloat16Support(native, (), 'stated by the test'))
   monkeypatch.setattr(runner, 'run', lambda config, out, sections: ran.update(
       config=config) or {})
   monkeypatch.setattr(report, 'write_outputs', lambda results, out: '')

@@ -11,7 +11,7 @@ from absl.testing import parameterized
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.platform import cpu_bfloat16 as cpu
+from estimator_bf16.platform import cpu_bfloat16
 
 _X86 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -43,54 +43,54 @@ class CpuTest(tf.test.TestCase, parameterized.TestCase):
       ('arm_without', _ARM, 'sve', False, ()))
   def test_native_bfloat16_from_flags(self, template, extra, native, flags):
     path = self._cpuinfo(template, extra)
-    self.assertEqual(cpu.native_bfloat16(path), native)
-    support = cpu.bfloat16_support(path, onednn_enabled=True)
+    self.assertEqual(cpu_bfloat16.native_bfloat16(path), native)
+    support = cpu_bfloat16.bfloat16_support(path, onednn_enabled=True)
     self.assertEqual(support.native, native)
     self.assertEqual(support.flags, flags)
 
   def test_native_flags_with_onednn_off_is_emulated(self):
     path = self._cpuinfo(_X86, 'avx512_bf16')
-    support = cpu.bfloat16_support(path, onednn_enabled=False)
+    support = cpu_bfloat16.bfloat16_support(path, onednn_enabled=False)
     self.assertFalse(support.native)
     self.assertIn('TF_ENABLE_ONEDNN_OPTS=0', support.reason)
 
   def test_unreadable_cpuinfo_is_unknown_and_says_nothing(self):
     missing = os.path.join(self.create_tempdir().full_path, 'absent')
-    self.assertIsNone(cpu.cpu_flags(missing))
-    self.assertIsNone(cpu.bfloat16_support(missing).native)
-    self.assertFalse(cpu.native_bfloat16(missing))
-    with mock.patch.object(cpu, '_said', False):
-      self.assertIsNone(cpu.warn_if_emulated('bfloat16', missing))
+    self.assertIsNone(cpu_bfloat16.cpu_flags(missing))
+    self.assertIsNone(cpu_bfloat16.bfloat16_support(missing).native)
+    self.assertFalse(cpu_bfloat16.native_bfloat16(missing))
+    with mock.patch.object(cpu_bfloat16, '_said', False):
+      self.assertIsNone(cpu_bfloat16.warn_if_emulated('bfloat16', missing))
 
   def test_says_once_per_process_on_an_emulating_cpu(self):
     path = self._cpuinfo(_X86)
-    with mock.patch.object(cpu, '_said', False), \
-        mock.patch.object(cpu.logging, 'warning') as warning:
-      self.assertIsNone(cpu.warn_if_emulated('float32', path))
-      message = cpu.warn_if_emulated('bfloat16', path)
-      self.assertIsNone(cpu.warn_if_emulated('bfloat16', path))
+    with mock.patch.object(cpu_bfloat16, '_said', False), \
+        mock.patch.object(cpu_bfloat16.logging, 'warning') as warning:
+      self.assertIsNone(cpu_bfloat16.warn_if_emulated('float32', path))
+      message = cpu_bfloat16.warn_if_emulated('bfloat16', path)
+      self.assertIsNone(cpu_bfloat16.warn_if_emulated('bfloat16', path))
     self.assertIn('correctness, not speed', message)
     self.assertIn('no AVX512-BF16/AMX', message)
     warning.assert_called_once_with(message)
 
   def test_says_nothing_on_a_native_cpu(self):
     path = self._cpuinfo(_X86, 'avx512_bf16')
-    with mock.patch.object(cpu, '_said', False), \
-        mock.patch.object(cpu.logging, 'warning') as warning:
-      self.assertIsNone(cpu.warn_if_emulated('bfloat16', path,
+    with mock.patch.object(cpu_bfloat16, '_said', False), \
+        mock.patch.object(cpu_bfloat16.logging, 'warning') as warning:
+      self.assertIsNone(cpu_bfloat16.warn_if_emulated('bfloat16', path,
                                              onednn_enabled=True))
     warning.assert_not_called()
 
   def test_bad_precision_raises_listing_the_choices(self):
     with self.assertRaisesRegex(ValueError, "'float32', 'bfloat16'"):
-      cpu.warn_if_emulated('float16')
+      cpu_bfloat16.warn_if_emulated('float16')
 
   @parameterized.parameters(('bfloat16', 1), ('float32', 0))
   def test_make_tpu_estimator_says_it(self, precision, times):
     fake = self._cpuinfo(_X86)
-    with mock.patch.object(cpu, '_said', False), \
-        mock.patch.object(cpu, 'CPUINFO_PATH', fake), \
-        mock.patch.object(cpu.logging, 'warning') as warning:
+    with mock.patch.object(cpu_bfloat16, '_said', False), \
+        mock.patch.object(cpu_bfloat16, 'CPUINFO_PATH', fake), \
+        mock.patch.object(cpu_bfloat16.logging, 'warning') as warning:
       for _ in range(2):
         eb.make_tpu_estimator(lambda features, labels, mode, params: None,
                               model_dir=self.create_tempdir().full_path,

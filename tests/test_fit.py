@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.memory import fit
-from estimator_bf16.memory import planner as memory_planner
+from estimator_bf16.memory import planner
 from estimator_bf16.models import digits
 from tests import legacy_model
 from tests import test_quiet
@@ -25,7 +25,7 @@ MiB = fit.MiB
 def _plan(precision, per_example_mib, parameters_mib=100, slots_mib=200):
   """A plan with chosen numbers: persistent + per_example x batch."""
   per_example = per_example_mib * MiB
-  return memory_planner.MemoryPlan(
+  return planner.MemoryPlan(
       precision=precision, optimizer='adam',
       parameter_bytes=parameters_mib * MiB, state_bytes=0,
       slot_bytes=slots_mib * MiB, fixed_bytes=0,
@@ -126,7 +126,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_upcast_plans_the_cpu_copies(self):
     plan = _plan('bfloat16', 4)
-    plan = memory_planner.MemoryPlan(**dict(
+    plan = planner.MemoryPlan(**dict(
         plan.__dict__, upcast_lines=((0.0, 6 * MiB),)))
     plans = {('bfloat16', False): plan}
     tpu = fit.fit(plans, 64, 2000 * MiB)
@@ -232,8 +232,8 @@ class ChooseLeversTest(tf.test.TestCase):
   """The library entry point on a real model_fn."""
 
   def test_a_tight_budget_gets_a_lever_beyond_bfloat16(self):
-    features, labels = memory_planner.input_specs(legacy_model.train_input_fn)
-    plain = memory_planner.memory_plan(
+    features, labels = planner.input_specs(legacy_model.train_input_fn)
+    plain = planner.memory_plan(
         legacy_model.model_fn, features=features, labels=labels,
         precision='bfloat16')
     roomy = eb.choose_levers(legacy_model.model_fn, features=features,

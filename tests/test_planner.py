@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from estimator_bf16.memory import peak as peak_memory
 from estimator_bf16.memory import plan_build
-from estimator_bf16.memory import planner as memory_planner
-from estimator_bf16.platform import cpu_bfloat16 as cpu
+from estimator_bf16.memory import planner
+from estimator_bf16.platform import cpu_bfloat16
 from benchmarks import configs
 from benchmarks import graphs
 from benchmarks import planning
@@ -44,7 +44,7 @@ def _network(features, is_training):
 @functools.lru_cache(maxsize=None)
 def _plan(precision='float32', optimizer='sgd', batch_sizes=(8, 16)):
   # Plans are immutable; building each once keeps the tests fast.
-  return memory_planner.memory_plan(network_fn=_network,
+  return planner.memory_plan(network_fn=_network,
                              features={'image': _IMAGE}, precision=precision,
                              optimizer=optimizer, batch_sizes=batch_sizes)
 
@@ -120,7 +120,7 @@ class ActivationBytesTest(parameterized.TestCase):
       return tf.compat.v1.layers.dense(tf.compat.v1.layers.flatten(net), 10)
 
     def plan(batch_sizes):
-      return memory_planner.memory_plan(
+      return planner.memory_plan(
           network_fn=conv_net, features={'image': tf.TensorSpec(
               [4, 4, 8], tf.float32)}, precision='bfloat16',
           optimizer='sgd', batch_sizes=batch_sizes)
@@ -167,9 +167,9 @@ class ModelFnTest(parameterized.TestCase):
   @parameterized.named_parameters(('float32', 'float32'),
                                   ('bfloat16', 'bfloat16'))
   def test_unmodified_legacy_model_fn(self, precision):
-    features, labels = memory_planner.input_specs(legacy_model.train_input_fn)
+    features, labels = planner.input_specs(legacy_model.train_input_fn)
     self.assertEqual(features['image'].shape.as_list(), [8, 8, 1])
-    plan = memory_planner.memory_plan(legacy_model.model_fn, features=features,
+    plan = planner.memory_plan(legacy_model.model_fn, features=features,
                                labels=labels, precision=precision)
     with tf.Graph().as_default():
       # The same layers, to count the parameters independently.
@@ -188,14 +188,14 @@ class ErrorsTest(parameterized.TestCase):
 
   def test_exactly_one_function(self):
     with self.assertRaisesRegex(ValueError, 'exactly one'):
-      memory_planner.memory_plan(features={'image': _IMAGE})
+      planner.memory_plan(features={'image': _IMAGE})
     with self.assertRaisesRegex(ValueError, 'exactly one'):
-      memory_planner.memory_plan(legacy_model.model_fn, network_fn=_network,
+      planner.memory_plan(legacy_model.model_fn, network_fn=_network,
                           features={'image': _IMAGE})
 
   def test_model_fn_brings_its_own_optimizer(self):
     with self.assertRaisesRegex(ValueError, 'own optimizer'):
-      memory_planner.memory_plan(legacy_model.model_fn, features={'image': _IMAGE},
+      planner.memory_plan(legacy_model.model_fn, features={'image': _IMAGE},
                           optimizer='adam')
 
   @parameterized.named_parameters(('same', (4, 4)), ('one', (4,)),
@@ -230,7 +230,7 @@ class LeversPlanTest(parameterized.TestCase):
 
   def test_accumulators_are_float32_slots(self):
     plain = _plan()
-    accumulated = memory_planner.memory_plan(
+    accumulated = planner.memory_plan(
         network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',
         gradient_accumulation_steps=4)
     self.assertEqual(accumulated.slot_bytes,
@@ -240,7 +240,7 @@ class LeversPlanTest(parameterized.TestCase):
   @parameterized.parameters('float32', 'bfloat16')
   def test_batches_are_effective_batches(self, precision):
     plain = _plan(precision)
-    accumulated = memory_planner.memory_plan(
+    accumulated = planner.memory_plan(
         network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',
         precision=precision, gradient_accumulation_steps=4)
     # An update of 4096 examples costs about what one micro-batch of 1024
@@ -258,9 +258,9 @@ class LeversPlanTest(parameterized.TestCase):
 
   def test_bad_levers(self):
     with self.assertRaisesRegex(ValueError, 'gradient_accumulation_steps'):
-      memory_planner.memory_plan(network_fn=_network,
-                                 features={'image': _IMAGE},
-                                 gradient_accumulation_steps=0)
+      planner.memory_plan(network_fn=_network,
+                          features={'image': _IMAGE},
+                          gradient_accumulation_steps=0)
 
 
 @pytest.mark.slow
@@ -291,7 +291,7 @@ class MeasuredPeakTest(parameterized.TestCase):
                                recompute=recompute)
     # Without bfloat16 arithmetic the CPU's matmuls hold float32 copies,
     # which the planner adds on request; that model of them is coarser.
-    emulated = not cpu.native_bfloat16()
+    emulated = not cpu_bfloat16.native_bfloat16()
     estimate = plan.step_bytes(batch, upcast=emulated)
     tolerance = 0.15 if emulated and precision == 'bfloat16' else 0.10
     # Planned as built, before grappler's pruning and rewrites, this step

@@ -34,7 +34,7 @@ from estimator_bf16.apps import precision_comparison
 from estimator_bf16.apps import training
 from estimator_bf16.memory.peak import PeakMemoryHook
 from estimator_bf16.platform import backend
-from estimator_bf16.platform import cpu_bfloat16 as eb_cpu
+from estimator_bf16.platform import cpu_bfloat16
 
 
 def define_flags():
@@ -100,7 +100,7 @@ def main(argv):
   f = flags.FLAGS
   steps = 20 if f.quick else f.train_steps
   # Before the runs: on an AVX2-only CPU the speed column is not the point.
-  eb_cpu.warn_if_emulated('bfloat16')
+  cpu_bfloat16.warn_if_emulated('bfloat16')
   os.makedirs(f.out_dir, exist_ok=True)
   rows, curves, results = train_both(
       f.out_dir, model=f.model, train_steps=steps,

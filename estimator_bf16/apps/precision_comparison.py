@@ -11,7 +11,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from estimator_bf16.platform import cpu_bfloat16 as eb_cpu
+from estimator_bf16.platform import cpu_bfloat16
 
 LOSS_TAG = 'train/loss'
 
@@ -149,7 +149,7 @@ def cpu_bfloat16_note(cpuinfo=None):
   float32, so local bfloat16 runs are slower (and save less memory) than on
   a TPU, whose matrix units take bfloat16 directly.
   """
-  support = eb_cpu.bfloat16_support(cpuinfo)
+  support = cpu_bfloat16.bfloat16_support(cpuinfo)
   if support.native is None:
     return 'CPU bfloat16 support: unknown (%s).' % support.reason
   if support.native:

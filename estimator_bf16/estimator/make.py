@@ -25,7 +25,7 @@ from estimator_bf16.estimator import wrappers
 from estimator_bf16.memory import accumulation
 from estimator_bf16.memory import levers
 from estimator_bf16.platform import backend as backend_lib
-from estimator_bf16.platform import cpu_bfloat16 as cpu
+from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.precision import policy as precision_lib
 from estimator_bf16.safety import guards
 
@@ -273,7 +273,7 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       session_config=session_config,
       tpu_config=tpu_config)
   if not use_tpu:
-    cpu.warn_if_emulated(precision)  # once per process, bfloat16 only
+    cpu_bfloat16.warn_if_emulated(precision)  # once per process, bfloat16 only
   if numeric_guard:
     model_fn = guards.guard_model_fn(model_fn)
   estimator = tpu_lib.TPUEstimator(

@@ -19,7 +19,7 @@ import re
 from typing import Optional, Tuple
 
 from estimator_bf16.estimator import tpu
-from estimator_bf16.memory import planner as memory_planner
+from estimator_bf16.memory import planner
 from estimator_bf16.precision import policy as precision_lib
 
 MiB = 2**20
@@ -255,7 +255,7 @@ def lever_plans(model_fn, *, features, labels, params=None,
   Returns:
     {(precision, recompute): `MemoryPlan`}.
   """
-  return {(precision, recompute): memory_planner.memory_plan(
+  return {(precision, recompute): planner.memory_plan(
       model_fn, features=features, labels=labels, precision=precision,
       params=params, recompute=recompute)
           for precision in precisions for recompute in (False, True)}

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.memory import fit as fit_lib
-from estimator_bf16.platform import cpu_bfloat16 as cpu
+from estimator_bf16.platform import cpu_bfloat16
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
 TPU_ACCUMULATION_NOTE = (
@@ -161,7 +161,8 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
                               labels=train_graph.labels,
                               params=train_graph.params,
                               precisions=precisions)
-  upcast = here and not train_graph.use_tpu and not cpu.native_bfloat16()
+  upcast = (here and not train_graph.use_tpu and
+            not cpu_bfloat16.native_bfloat16())
   images = any(spec.dtype.is_floating and (spec.shape.rank or 0) >= 3
                for spec in tf.nest.flatten(train_graph.features))
   result = fit_lib.fit(
