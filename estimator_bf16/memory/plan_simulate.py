@@ -17,6 +17,7 @@ import heapq
 import tensorflow as tf
 
 from estimator_bf16.autocast import op_lists
+from estimator_bf16.memory import recompute_path
 
 # Outputs that share the buffer of the input with the same index: no bytes
 # of their own, but they keep that buffer alive.
@@ -67,7 +68,8 @@ def simulate(build, size_of):
     moment of the step, reduced to those that can be the maximum; the
     second adds the float32 copies a CPU makes for bfloat16 matmuls.
   """
-  needed = _needed_ops(build.fetches)
+  # What a session runs for the fetches: data and control inputs.
+  needed = recompute_path.ancestor_ops(build.fetches, control_inputs=True)
   consumers = {}
   for op in needed:
     for tensor in op.inputs:
@@ -82,19 +84,6 @@ def simulate(build, size_of):
                           memory.live[1] + scratch[1]))
     memory.finish(op)
   return _upper_envelope(points), _upper_envelope(upcast_points)
-
-
-def _needed_ops(fetches):
-  """Ops the fetches depend on (data and control inputs)."""
-  needed, stack = set(), list(fetches)
-  while stack:
-    op = stack.pop()
-    if op in needed:
-      continue
-    needed.add(op)
-    stack.extend(t.op for t in op.inputs)
-    stack.extend(op.control_inputs)
-  return needed
 
 
 def _execution_order(needed, graph):
