@@ -10,6 +10,7 @@ exit codes, error paths, and that everything patched is put back.
 
 import contextlib
 import functools
+import importlib.metadata
 import io
 import json
 import os
@@ -626,6 +627,36 @@ class CommandLineTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(args.program, 'prog.py')
     self.assertEqual(args.program_args, ['--precision=bfloat16', '--memory',
                                          'x'])
+
+  def test_help_lists_every_other_program_of_the_package(self):
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+      self.assertEqual(cli.main(['--help']), 0)
+    text = re.sub(r'\s+', ' ', out.getvalue())
+    listed = {module for module, _, _ in cli.OTHER_PROGRAMS}
+    for module, _, script in cli.OTHER_PROGRAMS:
+      self.assertIn(module, text)
+      if script:
+        self.assertIn('(also `%s`)' % script, text)
+    # Every module of apps/ that runs as a program is listed, and only those.
+    apps = os.path.dirname(cli.__file__)
+    programs = set()
+    for entry in os.listdir(apps):
+      path = os.path.join(apps, entry)
+      if os.path.isfile(os.path.join(path, '__main__.py')):
+        programs.add('estimator_bf16.apps.' + entry)
+      elif entry.endswith('.py') and entry != 'cli.py':
+        with open(path) as f:
+          if "if __name__ == '__main__':" in f.read():
+            programs.add('estimator_bf16.apps.' + entry[:-3])
+    self.assertEqual(listed, programs)
+    # The console scripts named are the installed ones.
+    scripts = {entry.name: entry.value
+               for entry in importlib.metadata.entry_points(
+                   group='console_scripts')
+               if entry.value.startswith('estimator_bf16.')}
+    for module, _, script in cli.OTHER_PROGRAMS:
+      if script:
+        self.assertStartsWith(scripts[script], module)
 
   @parameterized.named_parameters(
       # absl refuses the flag the program does not define: say where it goes.

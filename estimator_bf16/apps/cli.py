@@ -17,6 +17,7 @@ import functools
 import importlib.metadata
 import os
 import sys
+import textwrap
 
 from estimator_bf16.platform import quiet
 from estimator_bf16.precision import audit as audit_lib
@@ -26,14 +27,46 @@ EXIT_USAGE = 2
 EXIT_CHECK_FAILED = 1
 EXIT_INTERRUPTED = 130  # What a shell reports for a process Ctrl-C ended.
 
+# The package's other programs, listed under `--help` so that they can be
+# found from the one command a user knows: (module for `python -m`, what it
+# does, its console script or None).
+OTHER_PROGRAMS = (
+    ('estimator_bf16.apps.train_cli',
+     'train, evaluate and export a reference model', 'estimator-bf16-train'),
+    ('estimator_bf16.apps.demo', 'the float32 vs bfloat16 demo', None),
+    ('estimator_bf16.apps.ckpt', 'inspect or convert a checkpoint', None),
+    ('estimator_bf16.apps.digits_cli',
+     "write scikit-learn's digits as MNIST TFRecords", None),
+    ('estimator_bf16.apps.launch',
+     'run a command as a local multi-worker job', None),
+    ('estimator_bf16.apps.tpu_submit', 'submit training to a Cloud TPU',
+     'tpu-submit'),
+)
+
+
+def _other_programs_text():
+  """`OTHER_PROGRAMS` as --help's closing paragraph, wrapped at 79 columns."""
+  lines = ['other programs of the package (python -m MODULE --help):']
+  for module, what, script in OTHER_PROGRAMS:
+    if script:
+      what += ' (also `%s`)' % script
+    lines.extend(textwrap.wrap(
+        what, width=79, initial_indent='  %-32s' % module,
+        subsequent_indent=' ' * 34, break_on_hyphens=False))
+  return '\n'.join(lines)
+
 
 def build_parser():
   """The `estimator_bf16 run|check` parser, built on call (not at import)."""
   parser = argparse.ArgumentParser(
       prog='estimator_bf16', allow_abbrev=False,
-      description='Run an unmodified Estimator/TPUEstimator program in '
-      'bfloat16 (run), or check its TRAIN graph and memory without '
-      'training (check).')
+      description=textwrap.fill(
+          'Run an unmodified Estimator/TPUEstimator program in bfloat16 '
+          '(run), or check its TRAIN graph and memory without training '
+          '(check).', width=79),
+      # Raw, so that the list of programs keeps its columns.
+      epilog=_other_programs_text(),
+      formatter_class=argparse.RawDescriptionHelpFormatter)
   commands = parser.add_subparsers(dest='command', required=True)
   for name, help_text in (
       ('run', 'run PROGRAM as `python PROGRAM ARGS` would, with every '
