@@ -444,7 +444,7 @@ class PeakMemoryTest(tf.test.TestCase):
     # by a sixth of its activations (seen: 5.6 vs 6.6 MB). Each variant
     # counts as its smallest of three, and the activations are compared with
     # a margin of a third of one micro-batch's: holding two micro-batches
-    # would be twice, the whole batch is four times.
+    # would be twice, and the whole batch measures 3.5 times here.
     one_thread = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)
     peaks = {}
     for name, batch, steps in (('micro', 1024, 1), ('accumulated', 4096, 4),
