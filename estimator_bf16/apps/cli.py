@@ -19,6 +19,7 @@ import os
 import sys
 import textwrap
 
+from estimator_bf16.estimator import tpu
 from estimator_bf16.platform import quiet
 from estimator_bf16.precision import audit as audit_lib
 from estimator_bf16.precision import policy
@@ -68,6 +69,7 @@ def build_parser():
       epilog=_other_programs_text(),
       formatter_class=argparse.RawDescriptionHelpFormatter)
   commands = parser.add_subparsers(dest='command', required=True)
+  devices = list(tpu.TPU_DEVICE_BYTES)
   for name, help_text in (
       ('run', 'run PROGRAM as `python PROGRAM ARGS` would, with every '
        'Estimator in --precision; print a short report at exit'),
@@ -119,7 +121,8 @@ def build_parser():
               'measuring the step; exit 1 without training if none fits'))
     command.add_argument('--device', metavar='DEVICE',
                          help='with --fit: the memory of one core or chip '
-                         'of tpu-v2, tpu-v3, tpu-v4, tpu-v5e or tpu-v5p')
+                         'of %s or %s' % (', '.join(devices[:-1]),
+                                          devices[-1]))
     command.add_argument('--memory_budget', metavar='SIZE',
                          help='with --fit: memory per core, in bytes or '
                          'e.g. 512MiB, 8GiB')
