@@ -412,6 +412,40 @@ def test_live_tensor_peak_counts_what_is_alive_together():
   assert 8 * MiB <= peak <= 12 * MiB + 64 * 1024
 
 
+def test_live_tensor_peak_counts_a_variable_once_after_a_copying_assign():
+  # A sparse update puts the variable in copy-on-read mode, so the assign
+  # copies its value into a new 4 MiB buffer, which the variable keeps; its
+  # old buffer goes then, unrecorded. After it, a and b (8 MiB each) are
+  # alive together: 16 MiB. Counting the kept copy to the end gave 20.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not memory_lib.allocator_stats_enabled():
+    pytest.skip('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow loads')
+  with tf.Graph().as_default() as graph:
+    v = tf.compat.v1.get_variable('v', [1024, 1024], use_resource=True)
+    sparse = v.scatter_add(tf.IndexedSlices(tf.ones([2, 1024]), [0, 1]))
+    with tf.control_dependencies([sparse]):
+      assign = v.assign(v.read_value() * 2.0, read_value=False)
+    with tf.control_dependencies([assign]):
+      a = tf.random.uniform([2048, 1024])
+    b = a * 3.0
+    total = tf.reduce_sum(a * b)
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      metadata = tf.compat.v1.RunMetadata()
+      session.run(total, options=tf.compat.v1.RunOptions(
+          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                  run_metadata=metadata)
+  kept = [record.alloc_bytes
+          for device in metadata.step_stats.dev_stats
+          for node in device.node_stats if node.node_name == assign.name
+          for memory in node.memory
+          for record in memory.allocation_records]
+  assert kept == [4 * MiB], 'the assign no longer copies: %s' % kept
+  peak = memory_lib.live_tensor_peak(metadata)
+  assert 16 * MiB <= peak <= 16 * MiB + 64 * 1024
+
+
 def test_max_batch_search_brackets_a_linear_peak(monkeypatch):
   # A made-up peak of 100 + 3 * batch bytes, against a budget of 1000.
   class FakeStep(object):
