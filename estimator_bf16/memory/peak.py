@@ -67,9 +67,9 @@ def live_tensor_peak(run_metadata):
   only size recorded for them.
 
   A buffer that an op allocates, does not output, and that is still alive
-  when the step ends was kept by a resource: an assign that could not
-  write in place (a read of the variable was still alive) copies the new
-  value into it and drops the variable's old buffer. That buffer was
+  when the step ends was kept by a resource: an assign that copies (to a
+  variable in copy-on-read mode, as every variable a sparse update has
+  touched is) puts the new value in it and drops the variable's old buffer. That buffer was
   allocated in an earlier step, so the trace never records its free, and
   counting the copy for the rest of the step would count the variable
   twice (its bytes are already in the graph's variables). Such a buffer
