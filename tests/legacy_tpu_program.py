@@ -11,7 +11,10 @@ RunConfig / TPUConfig / TPUEstimator. The data are tests/legacy_model.py's.
 import tensorflow as tf
 from tensorflow.compat.v1 import estimator as tf_estimator
 
-from tests import legacy_model
+try:
+  from tests import legacy_model
+except ImportError:  # Run as a program (`tests/` is sys.path[0], not the repo).
+  import legacy_model
 
 IMAGE = legacy_model.IMAGE
 CLASSES = legacy_model.CLASSES

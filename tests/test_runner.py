@@ -59,19 +59,26 @@ def tearDownModule():
   shutil.rmtree(_TMP.pop('root'), ignore_errors=True)
 
 
-def _cli_env():
+def _cli_env(repo_on_path=True):
   """The environment of a command run from the repository root."""
-  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
-              PYTHONPATH=os.pathsep.join(
-                  [_REPO] + os.environ.get('PYTHONPATH', '').split(
-                      os.pathsep)))
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  env.pop('PYTHONPATH', None)
+  if repo_on_path:
+    env['PYTHONPATH'] = os.pathsep.join(
+        [_REPO] + os.environ.get('PYTHONPATH', '').split(os.pathsep))
+  return env
 
 
-def _cli(*args):
-  """Runs `python -m estimator_bf16 ARGS` from the repository root."""
+def _cli(*args, repo_on_path=True):
+  """Runs `python -m estimator_bf16 ARGS` from the repository root.
+
+  With `repo_on_path=False` nothing is on PYTHONPATH, as in the shell of a
+  user who copies a command from docs/runner.md.
+  """
   return subprocess.run([sys.executable, '-m', 'estimator_bf16', *args],
-                        cwd=_REPO, env=_cli_env(), capture_output=True,
-                        text=True, timeout=600, check=False)
+                        cwd=_REPO, env=_cli_env(repo_on_path),
+                        capture_output=True, text=True, timeout=600,
+                        check=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,8 +253,10 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_check_prints_audit_and_plan_without_training(self):
     model_dir = os.path.join(_TMP['root'], 'check')
+    # The command as docs/runner.md shows it: the program's own folder is
+    # all it has on its path.
     proc = _cli('check', _PROGRAM, '--use_tpu=false',
-                '--model_dir=' + model_dir)
+                '--model_dir=' + model_dir, repo_on_path=False)
     self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr[-3000:])
     self.assertIn('audit: no problems', proc.stdout)
     self.assertIn('result: OK', proc.stdout)
