@@ -389,6 +389,20 @@ def test_readme_keeps_the_native_table_on_an_emulating_cpu(tmp_path):
   assert readme.read_text() == before
 
 
+def _traced_run(graph, fetch):
+  """Initialises `graph`'s variables, runs `fetch` once one op at a time
+  with FULL_TRACE, and returns the `RunMetadata`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+  with tf.compat.v1.Session(graph=graph, config=config) as session:
+    session.run(tf.compat.v1.global_variables_initializer())
+    metadata = tf.compat.v1.RunMetadata()
+    session.run(fetch, options=tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                run_metadata=metadata)
+  return metadata
+
+
 def test_live_tensor_peak_counts_what_is_alive_together():
   # a = v * 2 and b = a * 3 (4 MiB each) must be alive together for a * b,
   # whose result may reuse one of their buffers; the variable was
@@ -401,13 +415,7 @@ def test_live_tensor_peak_counts_what_is_alive_together():
     a = tf.identity(v * 2.0)
     b = a * 3.0
     total = tf.reduce_sum(a * b)
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
-    with tf.compat.v1.Session(graph=graph, config=config) as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      metadata = tf.compat.v1.RunMetadata()
-      session.run(total, options=tf.compat.v1.RunOptions(
-          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-                  run_metadata=metadata)
+    metadata = _traced_run(graph, total)
   peak = memory_lib.live_tensor_peak(metadata)
   assert 8 * MiB <= peak <= 12 * MiB + 64 * 1024
 
@@ -429,13 +437,7 @@ def test_live_tensor_peak_counts_a_variable_once_after_a_copying_assign():
       a = tf.random.uniform([2048, 1024])
     b = a * 3.0
     total = tf.reduce_sum(a * b)
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
-    with tf.compat.v1.Session(graph=graph, config=config) as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      metadata = tf.compat.v1.RunMetadata()
-      session.run(total, options=tf.compat.v1.RunOptions(
-          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-                  run_metadata=metadata)
+    metadata = _traced_run(graph, total)
   kept = [record.alloc_bytes
           for device in metadata.step_stats.dev_stats
           for node in device.node_stats if node.node_name == assign.name
