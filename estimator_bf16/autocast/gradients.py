@@ -56,12 +56,19 @@ def set_gradient(op, gradient_name):
       s=gradient_name.encode()))
 
 
-class _WithInputs(object):
-  """An op seen by a gradient function with other (equal-valued) inputs."""
+class WithTensors(object):
+  """An op seen by a gradient function with other (equal-valued) tensors.
 
-  def __init__(self, op, inputs):
+  Args:
+    op: the `tf.Operation`.
+    inputs: the inputs its gradient should read.
+    outputs: the outputs its gradient should read; None: `op.outputs`.
+  """
+
+  def __init__(self, op, inputs, outputs=None):
     self._op = op
     self.inputs = inputs
+    self.outputs = op.outputs if outputs is None else outputs
 
   def __getattr__(self, name):
     return getattr(self._op, name)
@@ -96,7 +103,7 @@ def _own_gradient_recasting(op, grads, source_of):
     inputs = [t if source_of(t) is None else tf.cast(source_of(t), t.dtype)
               for t in op.inputs]
   gradient_fn = tf_ops.gradient_registry.lookup(op.type)
-  return gradient_fn(_WithInputs(op, inputs), *grads)
+  return gradient_fn(WithTensors(op, inputs), *grads)
 
 
 @tf.RegisterGradient(_FROM_BFLOAT16_GRADIENT)

@@ -116,3 +116,33 @@ READ_THROUGH_OPS = frozenset(['ReadVariableOp', 'Identity', 'Enter',
 # Ops between a float32-list op and the rounding cast in TensorFlow's own
 # loss code, besides rearrangements (the final division of a mean).
 LOSS_TAIL_OPS = frozenset(['DivNoNan', 'RealDiv', 'Neg', 'Mul'])
+
+# bfloat16 kernels that are slower on a CPU than their float32 twin plus
+# the two casts around it, by CPU kind (`cpu_kernels`): there autocast
+# computes the op in float32 from bfloat16 inputs and rounds its result to
+# bfloat16 (what a TPU's matrix unit and oneDNN's bfloat16 kernels do),
+# unless the graph is built for a TPU or XLA. An op is listed when
+# `benchmarks/kernel_table.py` timed its substituted form (bfloat16 in,
+# float32 op, bfloat16 out) more than 1.15x faster than the bfloat16 op.
+# Source run: 2026-11-26, TensorFlow 2.15.1, a 2-core AMD EPYC with
+# AVX512-BF16; 'native' with oneDNN on (its bfloat16 kernels), 'emulated'
+# with TF_ENABLE_ONEDNN_OPTS=0 (Eigen's kernels, which convert bfloat16
+# element by element: what an AVX2-only CPU runs). Ratios bfloat16 /
+# substituted, emulated: Conv2DBackpropInput 14.5x, Conv2DBackpropFilter
+# 10.4x, Einsum 25.4x, the depthwise conv and its gradients 2.5-3.1x,
+# AvgPoolGrad 2.1x, Sigmoid 1.6x, TanhGrad 1.2x; native: Sigmoid 1.6x,
+# TanhGrad 1.3x. Forward Conv2D and MatMul are as fast in bfloat16 on both
+# kinds, and elementwise ops lose their gain to the casts (`python -m
+# benchmarks.kernel_table` prints the whole table). BiasAddGrad (native
+# 1.4x alone) is left out: substituted, it no longer fuses with oneDNN's
+# matmul gradient, and tensorflow/tpu's mnist_tpu.py took 15.3 s instead of
+# 12.1 s for 100 steps.
+CPU_SLOW_BFLOAT16_OPS = {
+    'emulated': frozenset([
+        'Conv2DBackpropInput', 'Conv2DBackpropFilter', 'Einsum',
+        'DepthwiseConv2dNative', 'DepthwiseConv2dNativeBackpropInput',
+        'DepthwiseConv2dNativeBackpropFilter', 'AvgPoolGrad', 'Sigmoid',
+        'TanhGrad',
+    ]),
+    'native': frozenset(['Sigmoid', 'TanhGrad']),
+}

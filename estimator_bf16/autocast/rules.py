@@ -12,6 +12,7 @@ import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
 from estimator_bf16.autocast import casts
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.autocast import float32_list
 from estimator_bf16.autocast import gelu_gradient
 from estimator_bf16.autocast import graph_queries
@@ -94,6 +95,9 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     casts.cast_float32_inputs(op_def, keywords)
     if op_type == op_lists.SPARSE_MATMUL_OP:
       op_type, keywords = op_lists.MATMUL_OP, weights.matmul_keywords(keywords)
+    if cpu_kernels.substitutes(op_type):
+      return cpu_kernels.build_substituted(
+          op_def_registry.get(op_type), op_type, name, keywords)
     result = state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
     weights.recast_weights_late(result[2])
     return result
@@ -105,6 +109,9 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     # Also under the float32 list alone: its float32 results meet the
     # bfloat16 tensors they came from in the very next op.
     casts.unify_mixed_inputs(op_def, keywords)
+  if (mode == 'bfloat16' and cpu_kernels.substitutes(op_type) and
+      cpu_kernels.has_bfloat16_input(op_def, keywords)):
+    return cpu_kernels.build_substituted(op_def, op_type, name, keywords)
   result = state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
   if mode == 'bfloat16' and op_type == 'Mul':
     gelu_gradient.mark(result[2])

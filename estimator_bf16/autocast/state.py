@@ -33,6 +33,9 @@ class _ThreadState(threading.local):
     # True inside recast_weights_at_any_batch: the weight recast ignores
     # weights.RECAST_MIN_ROWS.
     self.recast_at_any_batch = False
+    # 'auto': slow bfloat16 CPU kernels are substituted (cpu_kernels);
+    # 'bfloat16': TensorFlow's own bfloat16 kernels everywhere.
+    self.kernels = 'auto'
 
   def mode(self):
     """The rules in force: the strongest mode since the innermost 'off'."""

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.autocast import op_lists
 from estimator_bf16.precision.casting import FLOATING_DTYPES
 from estimator_bf16.precision.casting import HALF_DTYPES
@@ -72,6 +73,10 @@ class GraphReport:
       innermost `file:line (function)` outside TensorFlow and its layer
       libraries, or '' if unknown.
     problems: one sentence for each finding that breaks the recipe.
+    cpu_substituted_ops: {op type: count} of the ops autocast built in
+      float32 because this CPU's bfloat16 kernel is slow
+      (`autocast.cpu_kernels`), casts and constants left out; counted as
+      bfloat16 everywhere above.
   """
   half_precision_variables: List[Tuple[str, str]]
   mixed_precision_ops: List[Tuple[str, str, Tuple[str, ...]]]
@@ -83,6 +88,8 @@ class GraphReport:
   problems: List[str]
   largest_float32_ops: List[Tuple[str, str, float, str]] = dataclasses.field(
       default_factory=list)
+  cpu_substituted_ops: Dict[str, int] = dataclasses.field(
+      default_factory=dict)
 
   @property
   def ok(self):
@@ -188,10 +195,16 @@ def _float_input_dtypes(op):
   return dtypes
 
 
-def _compute_dtype(op):
-  """The dtype an op's arithmetic runs in: SparseMatMul always float32."""
+def compute_dtype(op):
+  """The dtype an op's arithmetic runs in: SparseMatMul always float32.
+
+  An op that autocast built in float32 only because this CPU's bfloat16
+  kernel is slow (`cpu_kernels`) counts as the bfloat16 op a TPU runs.
+  """
   if op.type == op_lists.SPARSE_MATMUL_OP:
     return tf.float32
+  if cpu_kernels.is_substituted(op):
+    return tf.bfloat16
   for tensor in op.inputs:  # Conv2DBackpropInput starts with int32 sizes.
     if tensor.dtype.base_dtype in _FLOATS:
       return tensor.dtype.base_dtype
@@ -249,9 +262,13 @@ def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
   flops = {}
   float32_ops = []
   num_casts = 0
+  substituted = {}
   operations = graph.get_operations()
   for op in operations:
-    if op.type == 'Cast':
+    if cpu_kernels.is_substituted(op):
+      if op.type not in ('Cast', 'Const'):
+        substituted[op.type] = substituted.get(op.type, 0) + 1
+    elif op.type == 'Cast':
       num_casts += 1
     if op.type in op_lists.VARIABLE_OPS:
       dtype = tf.as_dtype(op.get_attr('dtype')).base_dtype
@@ -266,7 +283,7 @@ def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
       made_at[op.name] = _made_at(op)
     counter = _FLOP_COUNTERS.get(op.type)
     if counter is not None:
-      dtype = _compute_dtype(op)
+      dtype = compute_dtype(op)
       count = counter(op)
       flops[dtype.name] = flops.get(dtype.name, 0.0) + count
       if dtype == tf.float32:
@@ -327,7 +344,8 @@ def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
       half_precision_variables=half_vars, mixed_precision_ops=mixed_ops,
       loss_dtype=loss_dtype, flops_by_dtype=flops,
       bfloat16_flop_share=share, num_ops=len(operations),
-      num_casts=num_casts, problems=problems, largest_float32_ops=largest)
+      num_casts=num_casts, problems=problems, largest_float32_ops=largest,
+      cpu_substituted_ops=substituted)
   if strict and problems:
     raise PrecisionError('check_graph found %d problem(s):\n- %s' % (
         len(problems), '\n- '.join(problems)))
