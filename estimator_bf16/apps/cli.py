@@ -19,7 +19,9 @@ import os
 import sys
 import textwrap
 
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.estimator import tpu
+from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.platform import quiet
 from estimator_bf16.precision import audit as audit_lib
 from estimator_bf16.precision import policy
@@ -107,6 +109,12 @@ def build_parser():
                          help='recompute activations during backprop instead '
                          'of keeping them: a lower peak for about one more '
                          'forward pass')
+    command.add_argument(
+        '--kernels', choices=cpu_kernels.KERNEL_CHOICES,
+        default=cpu_kernels.KERNEL_CHOICES[0],
+        help="'auto' (default): ops whose bfloat16 kernel is slow on this "
+        'CPU compute in float32 from bfloat16 inputs, rounded to bfloat16 '
+        "(never on a TPU); 'bfloat16': TensorFlow's own bfloat16 kernels")
     command.add_argument('--report', metavar='PATH',
                          help='also write the exit report as JSON to PATH')
     command.add_argument(
@@ -253,6 +261,9 @@ def main(argv=None):
     return _error('%s: no such file (give the Python program to run).' %
                   args.program)
   exclude = tuple(key for key in args.exclude.split(',') if key)
+  # One line before the program starts: bfloat16 is emulated on this CPU,
+  # and what the run does about it (nothing in float32, or on a native CPU).
+  cpu_bfloat16.warn_if_emulated(args.precision, kernels=args.kernels)
 
   # pylint: disable=g-import-not-at-top
   from estimator_bf16.runner import report as run_report
@@ -281,7 +292,7 @@ def main(argv=None):
         memory=getattr(args, 'memory', False), check=check,
         tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
         gradient_accumulation_steps=args.accumulate,
-        recompute=args.recompute,
+        recompute=args.recompute, kernels=args.kernels,
         plan_fn=plan_fn)
   except runner.ProgramError as e:
     return _error(str(e))
@@ -336,7 +347,8 @@ def _run_fit(args, budget, precisions, exclude):
     planning, result = fit_run.run_with_fit(
         args.program, args.program_args, budget_bytes=budget,
         precisions=precisions, audit=args.audit, exclude=exclude,
-        tf1=args.tf1, tf1_paths=tuple(args.tf1_path), on_choice=announce)
+        tf1=args.tf1, tf1_paths=tuple(args.tf1_path), on_choice=announce,
+        kernels=args.kernels)
   except runner.ProgramError as e:
     return _error(str(e))
   except KeyboardInterrupt:

@@ -18,6 +18,7 @@ import types
 import tensorflow as tf
 
 from estimator_bf16 import compat
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.compat import tpu_estimator as compat_tpu
 from estimator_bf16.estimator import tpu as tpu_facts
@@ -136,7 +137,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
                        audit='strict', exclude=(), session_config=None,
                        eval_on_tpu=True, backend=backend_lib.AUTO_BACKEND,
                        numeric_guard=False, distribute=None,
-                       gradient_accumulation_steps=1, recompute=False):
+                       gradient_accumulation_steps=1, recompute=False,
+                       kernels='auto'):
   """Builds a `TPUEstimator` that runs `model_fn` in `precision`.
 
   Args:
@@ -191,6 +193,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     recompute: recompute activations during backprop, segment by segment,
       instead of keeping them (`estimator_bf16.memory.recompute`): a lower peak
       for about one more forward pass.
+    kernels: `'auto'` or `'bfloat16'` (see `wrap_model_fn`): whether ops
+      with slow bfloat16 CPU kernels compute in float32 off the TPU.
 
   Returns:
     A `tf.compat.v1.estimator.tpu.TPUEstimator`, or an
@@ -202,11 +206,12 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       an unknown backend, or `use_tpu` with the compat backend (TPUs run
       TensorFlow 2.15), a strategy with `use_tpu` or with
       `backend='tf_estimator'`, or batches not divisible by its replicas;
-      a bad K or recompute, K > 1 with `use_tpu`, or a `train_batch_size`
+      a bad `kernels`, K or recompute, K > 1 with `use_tpu`, or a `train_batch_size`
       not divisible by K x replicas.
   """
   precision = precision_lib.parse_precision(precision)
   levers.check_levers(gradient_accumulation_steps, recompute)
+  cpu_kernels.parse_kernels(kernels)
   distribute = compat_distribute.check_strategy(distribute, 'distribute')
   if distribute is not None and use_tpu:
     raise ValueError('distribute=... is for CPUs and GPUs; a TPU runs data '
@@ -273,14 +278,15 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       session_config=session_config,
       tpu_config=tpu_config)
   if not use_tpu:
-    cpu_bfloat16.warn_if_emulated(precision)  # once per process, bfloat16 only
+    # Once per process, bfloat16 only.
+    cpu_bfloat16.warn_if_emulated(precision, kernels=kernels)
   if numeric_guard:
     model_fn = guards.guard_model_fn(model_fn)
   estimator = tpu_lib.TPUEstimator(
       model_fn=wrappers.wrap_model_fn(
           model_fn, precision, audit=audit, exclude=exclude,
           gradient_accumulation_steps=gradient_accumulation_steps,
-          recompute=recompute),
+          recompute=recompute, kernels=kernels),
       config=config,
       use_tpu=use_tpu,
       train_batch_size=micro_batch,

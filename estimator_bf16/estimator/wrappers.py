@@ -6,6 +6,7 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_bf16.autocast import contexts as autocast_lib
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.autocast import rounding
 from estimator_bf16.estimator import calling
 from estimator_bf16.memory import levers
@@ -25,7 +26,8 @@ def _check_audit(audit):
 
 
 def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
-                  gradient_accumulation_steps=1, recompute=False):
+                  gradient_accumulation_steps=1, recompute=False,
+                  kernels='auto'):
   """Wraps a legacy model_fn so it computes in `precision`.
 
   Under `'bfloat16'`, the returned model_fn casts floating features to
@@ -54,6 +56,11 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
       divides `train_batch_size` for you.
     recompute: recompute activations during backprop instead of keeping
       them (`estimator_bf16.memory.recompute`).
+    kernels: `'auto'` builds the ops whose bfloat16 CPU kernel is slow on
+      this CPU kind in float32 from bfloat16 inputs, rounding their results
+      (`autocast.cpu_kernels`; never for a TPU, XLA or GPU); `'bfloat16'`
+      keeps TensorFlow's own bfloat16 kernels. The audit judges the
+      bfloat16 graph either way.
 
   Returns:
     A model_fn `(features, labels, mode, params, config)`. For `'float32'`
@@ -61,11 +68,12 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
     is imported, a pass-through that repairs it while `model_fn` runs).
 
   Raises:
-    ValueError: bad `precision`, `audit` or levers, or a model_fn
+    ValueError: bad `precision`, `audit`, `kernels` or levers, or a model_fn
       signature an Estimator cannot call.
   """
   precision = precision_lib.parse_precision(precision)
   _check_audit(audit)
+  cpu_kernels.parse_kernels(kernels)
   # Inside the precision: the levers' gradients are those of the bfloat16
   # network, and the audit sees the graph they leave.
   model_fn = levers.levers_model_fn(model_fn, gradient_accumulation_steps,
@@ -83,7 +91,8 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
   def bfloat16_model_fn(features, labels=None, mode=None, params=None,
                         config=None):
     kwargs = calling.model_fn_kwargs(accepted, labels, mode, params, config)
-    with slim_repair.tf_slim_repaired(), autocast_lib.autocast(precision):
+    with slim_repair.tf_slim_repaired(), autocast_lib.autocast(precision), \
+        cpu_kernels.kernels(kernels):
       features = casting.cast_features(features, precision, exclude)
       with scope_lib.bfloat16_scope(precision):
         spec = model_fn(features=features, **kwargs)

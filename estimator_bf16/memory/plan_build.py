@@ -147,9 +147,12 @@ def model_fn_step_builder(model_fn, precision, params, steps, recompute,
   The model_fn gets the levers, and `precision` unless `wrap_precision` is
   False (a network already in its precision).
   """
+  # The plan is of the bfloat16 graph a TPU runs, not of this CPU's
+  # float32 stand-ins for slow kernels (autocast.cpu_kernels).
   wrapped = wrappers.wrap_model_fn(
       model_fn, precision if wrap_precision else 'float32', audit='off',
-      gradient_accumulation_steps=steps, recompute=recompute)
+      gradient_accumulation_steps=steps, recompute=recompute,
+      kernels='bfloat16')
   accepted = calling.model_fn_arg_names(wrapped)
 
   def build(features, labels, batch_size):

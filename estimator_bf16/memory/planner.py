@@ -47,6 +47,7 @@ from typing import Tuple
 
 import tensorflow as tf
 
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.estimator import tpu
 from estimator_bf16.estimator import wrappers
 from estimator_bf16.memory import levers
@@ -290,8 +291,10 @@ def _build_twice(builder, features, labels, precision, batch_sizes):
   """Returns a `plan_build.Build` for each of the two batch sizes."""
   builds = []
   # One segmentation for both builds, so that their tensors correspond.
+  # kernels('bfloat16'): plan the bfloat16 graph a TPU runs, also for a
+  # network put in bfloat16 by build_network (autocast.cpu_kernels).
   with recompute_lib.same_cuts() as next_build, \
-      quiet.tensorflow_info_hidden():
+      quiet.tensorflow_info_hidden(), cpu_kernels.kernels('bfloat16'):
     for batch in batch_sizes:
       next_build()
       builds.append(plan_build.build_step(builder, features, labels,

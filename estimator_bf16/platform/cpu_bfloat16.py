@@ -8,7 +8,9 @@ Elsewhere its kernels convert bfloat16 to float32, compute, and convert
 back: a local bfloat16 run is then slower than float32 (users report
 "mixed precision made my CPU 50x slower", tensorflow#45441, #59050). It
 still checks what matters before a TPU job: dtypes, the audit, the
-numerics. `warn_if_emulated` says that once per process.
+numerics. `warn_if_emulated` says that once per process, and what the
+package does about it: ops whose emulated bfloat16 kernels are slow compute
+in float32 from bfloat16 inputs (`estimator_bf16.autocast.cpu_kernels`).
 """
 
 import collections
@@ -27,10 +29,16 @@ NATIVE_BFLOAT16_FLAGS = ('avx512_bf16', 'amx_bf16', 'bf16')
 CPUINFO_PATH = '/proc/cpuinfo'
 
 EMULATED_MESSAGE = (
-    'bfloat16 is emulated on this CPU (%s): local bfloat16 runs check '
-    'correctness, not speed. TensorFlow computes bfloat16 ops on float32 '
-    'copies here, so they run slower than float32 and save less memory; a '
-    'TPU, or a CPU with AVX512-BF16/AMX, shows the speed.')
+    'bfloat16 is emulated on this CPU (%s): the ops whose emulated bfloat16 '
+    'kernels are slow here (conv gradients, einsum, depthwise conv) compute '
+    'in float32 from bfloat16 inputs, rounded to bfloat16, so a bfloat16 '
+    'step costs about what a float32 one does (--kernels=bfloat16 runs '
+    "TensorFlow's own kernels instead); a TPU, or a CPU with AVX512-BF16/AMX, "
+    'shows the speed of bfloat16.')
+EMULATED_MESSAGE_OWN_KERNELS = (
+    "bfloat16 is emulated on this CPU (%s) and --kernels=bfloat16 keeps "
+    "TensorFlow's own bfloat16 kernels: expect conv gradients and einsums "
+    'several times slower than float32.')
 
 Bfloat16Support = collections.namedtuple('Bfloat16Support',
                                        ['native', 'flags', 'reason'])
@@ -109,12 +117,15 @@ def native_bfloat16(cpuinfo=None):
               set(NATIVE_BFLOAT16_FLAGS))
 
 
-def warn_if_emulated(precision, cpuinfo=None, onednn_enabled=None):
+def warn_if_emulated(precision, cpuinfo=None, onednn_enabled=None,
+                     kernels='auto'):
   """Logs `EMULATED_MESSAGE` once per process if bfloat16 is emulated here.
 
   Args:
     precision: 'float32' (never says anything) or 'bfloat16'.
     cpuinfo, onednn_enabled: as in `bfloat16_support`.
+    kernels: 'auto' or 'bfloat16' (`EMULATED_MESSAGE_OWN_KERNELS`), as
+      `eb.wrap_model_fn` gets it.
 
   Returns:
     The message logged by this call, or None.
@@ -132,6 +143,7 @@ def warn_if_emulated(precision, cpuinfo=None, onednn_enabled=None):
     if _said:
       return None
     _said = True
-  message = EMULATED_MESSAGE % support.reason
+  message = (EMULATED_MESSAGE_OWN_KERNELS if kernels == 'bfloat16'
+             else EMULATED_MESSAGE) % support.reason
   logging.warning(message)
   return message

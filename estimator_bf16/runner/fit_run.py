@@ -26,11 +26,12 @@ from estimator_bf16.runner import report as run_report
 
 def run_with_fit(program, args=(), *, budget_bytes,
                  precisions=precision_lib.PRECISIONS, audit='strict',
-                 exclude=(), tf1=None, tf1_paths=(), on_choice=None):
+                 exclude=(), tf1=None, tf1_paths=(), on_choice=None,
+                 kernels='auto'):
   """Runs `program` with the cheapest levers that fit `budget_bytes`.
 
   Args:
-    program, args, audit, exclude, tf1, tf1_paths: as for
+    program, args, audit, exclude, tf1, tf1_paths, kernels: as for
       `runner.run_program`.
     budget_bytes: int, memory of one core (or of this CPU's process).
     precisions: the precisions the fit may choose from.
@@ -51,7 +52,8 @@ def run_with_fit(program, args=(), *, budget_bytes,
                               precisions=tuple(precisions), here=True)
   planning = runner.run_program(
       program, args, precision=precisions[-1], audit=audit, exclude=exclude,
-      check=True, plan_fn=plan_fn, tf1=tf1, tf1_paths=tf1_paths)
+      check=True, plan_fn=plan_fn, tf1=tf1, tf1_paths=tf1_paths,
+      kernels=kernels)
   fitted = planning.plans
   if (planning.train_graph is None or planning.error is not None or
       (audit == 'strict' and planning.problems) or
@@ -64,6 +66,6 @@ def run_with_fit(program, args=(), *, budget_bytes,
       program, args, precision=chosen.precision, audit=audit,
       exclude=exclude, memory=True, tf1=tf1, tf1_paths=tf1_paths,
       gradient_accumulation_steps=chosen.gradient_accumulation_steps,
-      recompute=chosen.recompute)
+      recompute=chosen.recompute, kernels=kernels)
   result.fit = fitted
   return planning, result

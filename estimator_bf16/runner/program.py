@@ -44,6 +44,7 @@ import os
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.memory import levers as levers_lib
 from estimator_bf16.platform import quiet
 from estimator_bf16.precision import audit as audit_lib
@@ -59,11 +60,16 @@ TrainGraph = results.TrainGraph
 
 
 def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
-                   gradient_accumulation_steps=1, recompute=False):
+                   gradient_accumulation_steps=1, recompute=False,
+                   kernels='auto'):
   try:
     eb.compute_dtype(precision)
   except ValueError as e:
     raise ProgramError('--precision: %s' % e)
+  try:
+    cpu_kernels.parse_kernels(kernels)
+  except ValueError as e:
+    raise ProgramError('--kernels: %s' % e)
   try:
     levers_lib.check_levers(gradient_accumulation_steps, recompute)
   except ValueError as e:
@@ -90,7 +96,7 @@ def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
 def run_program(program, args=(), precision='bfloat16', audit='strict',
                 exclude=(), memory=False, check=False, plan_fn=None,
                 tf1=None, tf1_paths=(), gradient_accumulation_steps=1,
-                recompute=False):
+                recompute=False, kernels='auto'):
   """Runs `program` as `__main__` with its Estimators in `precision`.
 
   Args:
@@ -113,6 +119,8 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       gradient of K micro-batches per update, and a TPUEstimator's
       `train_batch_size` is divided by K (see `eb.make_tpu_estimator`).
     recompute: recompute activations during backprop.
+    kernels: 'auto' (ops whose bfloat16 kernel is slow on this CPU compute
+      in float32; `eb.wrap_model_fn`) or 'bfloat16'.
 
   Returns:
     A `RunResult`. The program's traceback (if it raised) is printed to
@@ -122,10 +130,10 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     ProgramError: the program is missing, or an option is bad; nothing ran.
   """
   _check_options(program, precision, audit, exclude, tf1, tf1_paths,
-                 gradient_accumulation_steps, recompute)
+                 gradient_accumulation_steps, recompute, kernels)
   result = RunResult(program=program, precision=precision,
                      gradient_accumulation_steps=gradient_accumulation_steps,
-                     recompute=recompute)
+                     recompute=recompute, kernels=kernels)
   run = run_state.ProgramRun(precision, audit, tuple(exclude), memory, check,
                              result)
 

@@ -13,8 +13,10 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.platform import cpu_bfloat16
+from estimator_bf16.precision import policy as precision_lib
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
 TPU_ACCUMULATION_NOTE = (
@@ -105,6 +107,31 @@ def _flop_line(reports):
   return ('bfloat16 share of matmul/conv FLOPs: %.1f%% of %.3g per step '
           '(TRAIN graph, forward and backward)' % (
               100 * report.bfloat16_flop_share, total))
+
+
+def kernels_lines(result):
+  """What this CPU computed in float32 in place of slow bfloat16 kernels.
+
+  Nothing for a run without a bfloat16 TRAIN graph, or with --kernels=bfloat16
+  and nothing substituted.
+  """
+  if (not result.reports or
+      not precision_lib.parse_precision(result.precision).bfloat16):
+    return []
+  substituted = result.reports[-1].cpu_substituted_ops
+  kind = cpu_kernels.cpu_kind()
+  if not substituted:
+    if result.kernels == 'bfloat16':
+      return ["CPU kernels: TensorFlow's own bfloat16 kernels (--kernels="
+              "bfloat16)"]
+    return []
+  ops = ', '.join('%s x%d' % (op_type, count)
+                  for op_type, count in sorted(substituted.items()))
+  return ['CPU kernels: %d ops computed in float32 from bfloat16 inputs, '
+          'rounded to bfloat16, because their bfloat16 kernels are slow on '
+          'this CPU (%s bfloat16): %s. The audit and FLOP share count them '
+          'as bfloat16, as a TPU runs them; --kernels=bfloat16 keeps '
+          "TensorFlow's own kernels." % (sum(substituted.values()), kind, ops)]
 
 
 def _tf1_line(result):
@@ -251,8 +278,10 @@ def report_json(result, budget_bytes=None, exit_code=None):
   'peak_allocator_bytes' (the CPU allocator's peak of the same step),
   'planned_peak_bytes' and 'budget_bytes' (with --fit, else None),
   'bfloat16_flop_share' (of the last TRAIN graph, None without one),
-  'levers' ({'precision', 'gradient_accumulation_steps', 'recompute'}: the
-  run's, or with `check --fit` the chosen ones), 'problems' (audit), and
+  'levers' ({'precision', 'gradient_accumulation_steps', 'recompute',
+  'kernels'}: the run's, or with `check --fit` the chosen ones),
+  'cpu_substituted_ops' ({op type: count} of the last TRAIN graph's ops
+  computed in float32 for slow bfloat16 CPU kernels), 'problems' (audit), and
   with --fit 'fit' (every option). `exit_code` is the command's when
   given (a check that found nothing fitting exits 1), else the program's.
   """
@@ -261,7 +290,7 @@ def report_json(result, budget_bytes=None, exit_code=None):
     fitted = result.plans
   levers = {'precision': result.precision,
             'gradient_accumulation_steps': result.gradient_accumulation_steps,
-            'recompute': result.recompute}
+            'recompute': result.recompute, 'kernels': result.kernels}
   data = {
       'program': result.program, 'precision': result.precision,
       'exit_code': result.exit_code if exit_code is None else exit_code,
@@ -271,6 +300,8 @@ def report_json(result, budget_bytes=None, exit_code=None):
       'bfloat16_flop_share': (result.reports[-1].bfloat16_flop_share
                               if result.reports else None),
       'levers': levers, 'problems': list(result.problems),
+      'cpu_substituted_ops': (dict(result.reports[-1].cpu_substituted_ops)
+                              if result.reports else {}),
   }
   if result.fit is not None:
     data['peak_step_bytes'] = fit_measured_bytes(result) or None
@@ -303,6 +334,7 @@ def format_run_report(result):
     lines.append('estimators built: %d; TRAIN graphs audited: %d' % (
         result.estimators, len(result.reports)))
     lines.append(_flop_line(result.reports))
+    lines += kernels_lines(result)
     lines += _problem_lines(result.problems)
   if result.local_resolvers:
     lines.append('TPU resolver: local stand-in (no TPU named or attached)')
@@ -375,6 +407,7 @@ def format_check_report(result, fit_requested=False):
                    'graph to check.')
     return '\n'.join(lines) + '\n'
   lines.append(_flop_line(result.reports))
+  lines += kernels_lines(result)
   lines += _problem_lines(result.problems)
   lines.append('')
   if isinstance(result.plans, fit_lib.FitResult):

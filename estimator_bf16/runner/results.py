@@ -74,6 +74,7 @@ class RunResult:
       the option that forced it, or what was read without finding one.
     gradient_accumulation_steps: K, micro-batches per update.
     recompute: whether activations were recomputed in backprop.
+    kernels: 'auto' or 'bfloat16', as `run_program` was given.
     micro_batches: for each TPUEstimator with K > 1, (train_batch_size as
       the program gave it, the micro-batch it trained at).
     fit: with `run --fit`, the `estimator_bf16.memory.fit.FitResult` whose
@@ -100,6 +101,7 @@ class RunResult:
   tf1_reason: Optional[str] = None
   gradient_accumulation_steps: int = 1
   recompute: bool = False
+  kernels: str = 'auto'
   micro_batches: list = dataclasses.field(default_factory=list)
   fit: Any = None
 

@@ -65,6 +65,7 @@ class ProgramRun(object):
     precision, audit, exclude, memory, check: the `run_program` options.
     steps: gradient accumulation steps K (1: none).
     recompute: whether activations are recomputed in backprop.
+    kernels: 'auto' or 'bfloat16' (`eb.wrap_model_fn`).
     result: the `RunResult` being filled in.
     estimators: the Estimators constructed under this run (weakly held).
     hooks: the `PeakMemoryHook` of each `train` call, in order.
@@ -73,6 +74,7 @@ class ProgramRun(object):
   def __init__(self, precision, audit, exclude, memory, check, result):
     self.steps = result.gradient_accumulation_steps
     self.recompute = result.recompute
+    self.kernels = result.kernels
     self.precision = precision
     self.audit = audit
     self.exclude = exclude
@@ -119,7 +121,8 @@ class ProgramRun(object):
                                audit='off' if self.check else self.audit,
                                exclude=self.exclude,
                                gradient_accumulation_steps=self.steps,
-                               recompute=self.recompute)
+                               recompute=self.recompute,
+                               kernels=self.kernels)
     accepted = calling.model_fn_arg_names(wrapped)
     run = self
 
