@@ -69,7 +69,7 @@ class CpuTest(tf.test.TestCase, parameterized.TestCase):
       self.assertIsNone(cpu_bfloat16.warn_if_emulated('float32', path))
       message = cpu_bfloat16.warn_if_emulated('bfloat16', path)
       self.assertIsNone(cpu_bfloat16.warn_if_emulated('bfloat16', path))
-    self.assertIn('correctness, not speed', message)
+    self.assertIn('compute in float32 from bfloat16 inputs', message)
     self.assertIn('no AVX512-BF16/AMX', message)
     warning.assert_called_once_with(message)
 

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.apps import cli
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.models import digits
 from estimator_bf16.runner import estimator_patches
 from estimator_bf16.runner import program as runner
@@ -100,8 +101,11 @@ def _op_dtypes(model_dir, op_types):
   found = {}
   for node in graph_def.node:
     if node.op in op_types:
+      # An op computed in float32 for a slow bfloat16 CPU kernel is the
+      # bfloat16 op of the TPU graph (autocast.cpu_kernels).
+      substituted = cpu_kernels.SUBSTITUTED_ATTR in node.attr
       found.setdefault(node.op, set()).add(
-          tf.as_dtype(node.attr['T'].type).name)
+          'bfloat16' if substituted else tf.as_dtype(node.attr['T'].type).name)
   return found
 
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.autocast import op_lists
 from estimator_bf16.models.styles import STYLES
+from estimator_bf16.precision import audit
 
 MATRIX_OPS = op_lists.MATMUL_CONV_OPS
 MIN_OP_SHARE = 0.95
@@ -35,10 +36,9 @@ def setUpModule():
 
 
 def _compute_dtype(op):
-  try:
-    return tf.as_dtype(op.get_attr('T')).base_dtype
-  except ValueError:  # SparseMatMul (Ta/Tb) computes in float32.
-    return tf.float32
+  # As a TPU runs it: SparseMatMul in float32, an op computed in float32
+  # only for a slow bfloat16 CPU kernel in bfloat16.
+  return audit.compute_dtype(op)
 
 
 def _build_train_graph(style, precision):
