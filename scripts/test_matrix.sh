@@ -18,9 +18,18 @@ cd "$(dirname "$0")/.."
 WHICH="${1:-all}"
 shift || true
 
+# Both cores (pytest-xdist, one worker per core; tests are independent and
+# each writes to its own temporary folders), and the 15 slowest tests at
+# the end of each run. PYTEST_WORKERS=0 runs in one process.
+WORKERS="${PYTEST_WORKERS:-2}"
+COMMON=(-q --durations=15)
+if [[ "$WORKERS" != 0 ]]; then
+  COMMON+=(-n "$WORKERS")
+fi
+
 run_tf215() {
   echo "test_matrix: TensorFlow 2.15 (.venv), full suite" >&2
-  .venv/bin/python -m pytest tests -q "$@"
+  .venv/bin/python -m pytest tests "${COMMON[@]}" "$@"
 }
 
 # The newest-TensorFlow run: the backend-relevant subset, to stay within
@@ -36,7 +45,7 @@ TF_LATEST_DEFAULT=(
   tests/test_cpu.py tests/test_distribute.py tests/test_multi_worker.py
   tests/test_gelu_gradient.py tests/test_step_deadline.py tests/test_tf1.py
   tests/test_quiet.py tests/test_progress.py tests/test_accumulation.py
-  tests/test_recompute.py tests/test_fit.py
+  tests/test_recompute.py tests/test_fit.py tests/test_cpu_kernels.py
 )
 TF_LATEST_DESELECT=()
 
@@ -56,7 +65,7 @@ run_tf_latest() {
   done
   echo "test_matrix: newest TensorFlow (.venv-tf-latest): ${tests[*]}" >&2
   TF_USE_LEGACY_KERAS=1 .venv-tf-latest/bin/python -m pytest "${tests[@]}" \
-    -q -p tests.compat_install_plugin "${deselect[@]}" "$@"
+    "${COMMON[@]}" -p tests.compat_install_plugin "${deselect[@]}" "$@"
 }
 
 case "$WHICH" in
