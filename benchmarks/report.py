@@ -8,7 +8,9 @@ results.
 import json
 import os
 
+from benchmarks import kernel_table
 from benchmarks.configs import REWRITE
+from estimator_bf16.autocast import op_lists
 
 MiB = 2.0**20
 
@@ -452,8 +454,37 @@ def _second_batch_lines(results):
           'only, one traced step each): %s.' % '; '.join(parts)]
 
 
+def kernel_table_lines(results):
+  """The per-op kernel table, one row per CPU kind and op (or nothing)."""
+  rows = results.get('kernel_table')
+  if not rows:
+    return []
+  lines = ['', '**Kernel table** (ms per op, median of alternating windows; '
+           '"substituted" is bfloat16 in, the float32 op, bfloat16 out; '
+           '"slow" when bfloat16 / substituted > %.2f; "listed": in '
+           '`op_lists.CPU_SLOW_BFLOAT16_OPS`):' % kernel_table.SLOW_RATIO, '',
+           '| CPU kind | op | float32 | bfloat16 | substituted | bf16/fp32 | '
+           'bf16/subst | slow | listed |',
+           '| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |']
+  for row in rows:
+    listed = row['op_type'] in op_lists.CPU_SLOW_BFLOAT16_OPS.get(
+        row['kind'], ()) and not row['case'].startswith('Gelu')
+    lines.append('| %s | %s | %.3f | %.3f | %.3f | %.2fx | %.2fx | %s | %s |'
+                 % (row['kind'], row['case'], row['float32_ms'],
+                    row['bfloat16_ms'], row['substituted_ms'], row['ratio'],
+                    row['bfloat16_ms'] / row['substituted_ms'],
+                    'yes' if row['slow'] else '', 'yes' if listed else ''))
+  kinds = {row['kind'] for row in rows}
+  for kind in ('native', 'emulated'):
+    if kind not in kinds:
+      lines.append('| %s | not measured (this CPU cannot run it) | | | | | | '
+                   '| |' % kind)
+  return lines
+
+
 def _other_tables(results):
   lines = _second_batch_lines(results)
+  lines += kernel_table_lines(results)
   probes = results.get('kernels')
   if probes:
     lines += ['', '**Kernels** (bfloat16 speed over float32, same process, '

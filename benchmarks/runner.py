@@ -21,6 +21,7 @@ from benchmarks.configs import REWRITE
 from benchmarks import convergence
 from benchmarks import env as env_lib
 from benchmarks import graphs
+from benchmarks import kernel_table
 from benchmarks import kernels
 from benchmarks import levers
 from benchmarks import overhead
@@ -33,7 +34,7 @@ PRECISIONS = ('float32', 'bfloat16')
 # float32, ours, and TensorFlow's oneDNN bfloat16 rewrite of the float32
 # graph (the peer).
 VARIANTS = PRECISIONS + (REWRITE,)
-SECTIONS = ('kernels', 'models', 'tpu_plans', 'overhead', 'build_overhead',
+SECTIONS = ('kernels', 'kernel_table', 'models', 'tpu_plans', 'overhead', 'build_overhead',
             'keras', 'adafactor', 'convergence', 'scaling', 'levers', 'fit')
 
 
@@ -388,6 +389,12 @@ def run(config, out_dir, sections=SECTIONS):
         kind: kernels.kernel_speed(kind, 2048,
                                    warmup_steps=config.warmup_steps)
         for kind in ('matmul', 'conv2d')})
+  if 'kernel_table' in sections:
+    # Each CPU kind this machine can run, in a child process whose
+    # environment selects it (benchmarks/kernel_table.py).
+    results['kernel_table'] = timed('kernel_table', lambda: [
+        row for kind, env in kernel_table.kinds().items()
+        for row in kernel_table.measure_kind(kind, env)])
   # TensorFlow's CPU kernels compute bfloat16 matmuls in float32 unless the
   # CPU has bfloat16 arithmetic; the planner's CPU estimates model that.
   cpu_upcast = not results['env']['native_bfloat16']

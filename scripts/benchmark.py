@@ -42,15 +42,17 @@ def parse_args(argv=None):
   parser.add_argument('--out', required=True,
                       help='Directory for results.json, results.md, PNG.')
   parser.add_argument('--sections', default='all',
-                      help='Comma-separated subset of: kernels, models, '
+                      help='Comma-separated subset of: kernels, '
+                      'kernel_table, models, '
                       'tpu_plans, overhead, build_overhead, keras, '
                       'adafactor, convergence, scaling, levers, fit.')
   parser.add_argument('--time_emulated', action='store_true',
                       help='On a CPU without native bfloat16, time as many '
                       'windows as on a native one. By default each model '
-                      'then gets one warm-up step and one window: speed is '
-                      'not judged there, and an emulated bfloat16 step of '
-                      'ResNet-50 takes minutes.')
+                      'then gets one warm-up step and one window: the '
+                      'peers (the oneDNN rewrite, Keras) run TensorFlow\'s '
+                      'own emulated bfloat16 kernels, and their ResNet-50 '
+                      'step takes minutes.')
   parser.add_argument('--verbose', action='store_true',
                       help="Also show TensorFlow's own INFO logs.")
   return parser.parse_args(argv)
@@ -88,9 +90,11 @@ def main(argv=None):
   support = cpu_bfloat16.bfloat16_support()
   if support.native is False and not args.time_emulated:
     logging.warning(
-        'bfloat16 is emulated on this CPU (%s): its speed is not measurable '
-        'here, so each model gets one warm-up step and one timing window '
-        '(--time_emulated times them all).', support.reason)
+        'bfloat16 is emulated on this CPU (%s): the peers run TensorFlow\'s '
+        'own bfloat16 kernels, slow here, so each model gets one warm-up '
+        'step and one timing window (--time_emulated times them all, and '
+        'gives the bfloat16 / float32 step ratio of this package).',
+        support.reason)
     config = configs.for_emulated_bfloat16(config)
 
   results = runner.run(config, args.out, sections)

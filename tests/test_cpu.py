@@ -11,7 +11,9 @@ from absl.testing import parameterized
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.apps import cli
 from estimator_bf16.platform import cpu_bfloat16
+from estimator_bf16.runner import program as runner
 
 _X86 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -97,7 +99,43 @@ class CpuTest(tf.test.TestCase, parameterized.TestCase):
                               precision=precision, train_batch_size=8)
     self.assertEqual(warning.call_count, times)
     if times:
-      self.assertIn('correctness, not speed', warning.call_args[0][0])
+      self.assertIn('compute in float32 from bfloat16 inputs',
+                    warning.call_args[0][0])
+
+  def test_with_own_kernels_it_says_they_are_slow(self):
+    path = self._cpuinfo(_X86)
+    with mock.patch.object(cpu_bfloat16, '_said', False), \
+        mock.patch.object(cpu_bfloat16.logging, 'warning'):
+      message = cpu_bfloat16.warn_if_emulated('bfloat16', path,
+                                             kernels='bfloat16')
+    self.assertIn("keeps TensorFlow's own bfloat16 kernels", message)
+
+  @parameterized.parameters(('bfloat16', 1), ('float32', 0))
+  def test_run_says_it_before_the_program_starts(self, precision, times):
+    fake = self._cpuinfo(_X86)
+    program = self.create_tempfile('hello.py', 'print("the program ran")')
+    said = []
+
+    def warning(message, *args):
+      del args
+      said.append(message)
+
+    def record_start(*args, **kwargs):
+      said.append('program started')
+      raise runner.ProgramError('stop here')
+
+    with mock.patch.object(cpu_bfloat16, '_said', False), \
+        mock.patch.object(cpu_bfloat16, 'CPUINFO_PATH', fake), \
+        mock.patch.object(cpu_bfloat16.logging, 'warning', warning), \
+        mock.patch.object(runner, 'run_program', record_start):
+      code = cli.main(['run', '--precision=%s' % precision,
+                       program.full_path])
+    self.assertEqual(code, 2)
+    self.assertLen(said, times + 1)
+    self.assertEqual(said[-1], 'program started')
+    if times:
+      self.assertIn('bfloat16 is emulated on this CPU', said[0])
+      self.assertNotIn('\n', said[0])
 
 
 if __name__ == '__main__':

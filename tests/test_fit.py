@@ -501,7 +501,8 @@ class RunReportTest(tf.test.TestCase):
                            float(tensors.group(1)), places=1)
     self.assertEqual(data['levers'], {'precision': 'bfloat16',
                                       'gradient_accumulation_steps': 2,
-                                      'recompute': False})
+                                      'recompute': False,
+                                      'kernels': 'auto'})
     self.assertEqual(data['exit_code'], 0)
     self.assertIsNone(data['budget_bytes'])
     self.assertIsNone(data['planned_peak_bytes'])
