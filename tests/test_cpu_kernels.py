@@ -167,21 +167,29 @@ class SubstitutionTest(tf.test.TestCase, parameterized.TestCase):
     graph = tf.Graph()
     with graph.as_default(), \
         mock.patch.object(cpu_kernels, 'cpu_kind', return_value='emulated'):
-      x = tf.identity(tf.ones([4, 8], tf.bfloat16))
+      x = tf.identity(tf.ones([2, 8, 8, 4], tf.bfloat16))
+      w = tf.identity(tf.ones([3, 3, 4, 1], tf.bfloat16))
       with eb.autocast('bfloat16'):
-        y = tf.sigmoid(tf.sigmoid(x))
+        y = tf.nn.depthwise_conv2d(
+            tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], 'SAME'), w,
+            [1, 1, 1, 1], 'SAME')
     inner, outer = [op for op in graph.get_operations()
-                    if op.type == 'Sigmoid']
+                    if op.type == 'DepthwiseConv2dNative']
     self.assertEqual(outer.inputs[0], inner.outputs[0])  # no rounding between
+    self.assertEqual(inner.outputs[0].dtype, tf.float32)
     self.assertEqual(y.dtype, tf.bfloat16)
 
-  def test_gradients_read_bfloat16_copies_not_the_forward_float32_ones(self):
-    graph, _ = _build('emulated')
+  @parameterized.parameters(*KINDS)
+  def test_gradients_read_bfloat16_copies_not_the_forward_float32_ones(
+      self, kind):
+    graph, _ = _build(kind)
+    # The net's forward ops whose gradients read their inputs or outputs.
+    want = {'Sigmoid', 'DepthwiseConv2dNative', 'Einsum'} & (
+        op_lists.CPU_SLOW_BFLOAT16_OPS[kind])
     forward = {op.name: op for op in graph.get_operations()
-               if cpu_kernels.is_substituted(op) and
-               op.type in ('Sigmoid', 'DepthwiseConv2dNative', 'Einsum') and
+               if cpu_kernels.is_substituted(op) and op.type in want and
                not op.name.startswith('gradients')}
-    self.assertLen(forward, 3)
+    self.assertEqual({op.type for op in forward.values()}, want)
     for op in forward.values():
       for tensor in list(op.inputs) + list(op.outputs):
         if tensor.dtype != tf.float32:

@@ -123,26 +123,28 @@ LOSS_TAIL_OPS = frozenset(['DivNoNan', 'RealDiv', 'Neg', 'Mul'])
 # bfloat16 (what a TPU's matrix unit and oneDNN's bfloat16 kernels do),
 # unless the graph is built for a TPU or XLA. An op is listed when
 # `benchmarks/kernel_table.py` timed its substituted form (bfloat16 in,
-# float32 op, bfloat16 out) more than 1.15x faster than the bfloat16 op.
-# Source run: 2026-11-26, TensorFlow 2.15.1, a 2-core AMD EPYC with
-# AVX512-BF16; 'native' with oneDNN on (its bfloat16 kernels), 'emulated'
-# with TF_ENABLE_ONEDNN_OPTS=0 (Eigen's kernels, which convert bfloat16
-# element by element: what an AVX2-only CPU runs). Ratios bfloat16 /
-# substituted, emulated: Conv2DBackpropInput 14.5x, Conv2DBackpropFilter
-# 10.4x, Einsum 25.4x, the depthwise conv and its gradients 2.5-3.1x,
-# AvgPoolGrad 2.1x, Sigmoid 1.6x, TanhGrad 1.2x; native: Sigmoid 1.6x,
+# float32 op, bfloat16 out) more than 1.15x faster than the bfloat16 op in
+# each of two runs. Source runs: 2026-11-26, TensorFlow 2.15.1, a 2-core
+# AMD EPYC with AVX512-BF16; 'native' with oneDNN on (its bfloat16
+# kernels), 'emulated' with TF_ENABLE_ONEDNN_OPTS=0 (Eigen's kernels, which
+# convert bfloat16 element by element: what an AVX2-only CPU runs). Ratios
+# bfloat16 / substituted, emulated: Conv2DBackpropInput 11-15x,
+# Conv2DBackpropFilter 7-10x, Einsum 25-26x, the depthwise conv and its
+# gradients 2.5-3.4x, AvgPoolGrad 2.1-2.2x; native: Sigmoid 1.5-1.6x,
 # TanhGrad 1.3x. Forward Conv2D and MatMul are as fast in bfloat16 on both
-# kinds, and elementwise ops lose their gain to the casts (`python -m
-# benchmarks.kernel_table` prints the whole table). BiasAddGrad (native
-# 1.4x alone) is left out: substituted, it no longer fuses with oneDNN's
-# matmul gradient, and tensorflow/tpu's mnist_tpu.py took 15.3 s instead of
-# 12.1 s for 100 steps.
+# kinds, and most elementwise ops lose their gain to the casts; ops slow in
+# one run only (emulated Sigmoid, TanhGrad, AvgPool) are left out. Native
+# BiasAddGrad (1.4-2.4x alone) is left out too: grappler fuses it with
+# oneDNN's matmul gradient, and substituting it gained nothing on a whole
+# program (tensorflow/tpu's mnist_tpu.py, 100 steps, three alternating
+# runs: 14.9-15.6 s with it, 12.3-15.2 s without). Softmax, slow when
+# emulated, is on the float32 list already. The whole table:
+# `python -m benchmarks.kernel_table`, or docs/cpu.md.
 CPU_SLOW_BFLOAT16_OPS = {
     'emulated': frozenset([
         'Conv2DBackpropInput', 'Conv2DBackpropFilter', 'Einsum',
         'DepthwiseConv2dNative', 'DepthwiseConv2dNativeBackpropInput',
-        'DepthwiseConv2dNativeBackpropFilter', 'AvgPoolGrad', 'Sigmoid',
-        'TanhGrad',
+        'DepthwiseConv2dNativeBackpropFilter', 'AvgPoolGrad',
     ]),
     'native': frozenset(['Sigmoid', 'TanhGrad']),
 }
