@@ -397,7 +397,7 @@ def run(config, out_dir, sections=SECTIONS):
         for row in kernel_table.measure_kind(kind, env)])
   # TensorFlow's CPU kernels compute bfloat16 matmuls in float32 unless the
   # CPU has bfloat16 arithmetic; the planner's CPU estimates model that.
-  cpu_upcast = not results['env']['native_bfloat16']
+  cpu_upcast = results['env']['bfloat16_kernels_native'] is False
   if 'models' in sections:
     results['models'] = {
         spec.name: timed(spec.name, measure_model, spec, config, cpu_upcast)

@@ -19,17 +19,34 @@ WHICH="${1:-all}"
 shift || true
 
 # Both cores (pytest-xdist, one worker per core; tests are independent and
-# each writes to its own temporary folders), and the 15 slowest tests at
-# the end of each run. PYTEST_WORKERS=0 runs in one process.
+# each writes to its own temporary folders), then the tests marked `serial`
+# alone: they measure a step's memory peak, which the executor's order and
+# so the other worker's load move. The 15 slowest tests of each part are
+# printed at its end. PYTEST_WORKERS=0 runs everything in one process.
 WORKERS="${PYTEST_WORKERS:-2}"
-COMMON=(-q --durations=15)
-if [[ "$WORKERS" != 0 ]]; then
-  COMMON+=(-n "$WORKERS")
-fi
+
+# pytest [args]: the parallel part, then the serial one; fails if either
+# does (exit 5, no test selected, is no failure: -k may select none).
+pytest_in_two_parts() {
+  local python="$1"; shift
+  local status=0 code
+  if [[ "$WORKERS" == 0 ]]; then
+    "$python" -m pytest -q --durations=15 "$@"
+    return $?
+  fi
+  "$python" -m pytest -q --durations=15 -n "$WORKERS" -m "not serial" "$@"
+  code=$?
+  [[ $code == 0 || $code == 5 ]] || status=1
+  echo "test_matrix: the serial tests (memory peaks), one process" >&2
+  "$python" -m pytest -q --durations=15 -m serial "$@"
+  code=$?
+  [[ $code == 0 || $code == 5 ]] || status=1
+  return $status
+}
 
 run_tf215() {
   echo "test_matrix: TensorFlow 2.15 (.venv), full suite" >&2
-  .venv/bin/python -m pytest tests "${COMMON[@]}" "$@"
+  pytest_in_two_parts .venv/bin/python tests "$@"
 }
 
 # The newest-TensorFlow run: the backend-relevant subset, to stay within
@@ -64,8 +81,8 @@ run_tf_latest() {
     deselect+=(--deselect "$node")
   done
   echo "test_matrix: newest TensorFlow (.venv-tf-latest): ${tests[*]}" >&2
-  TF_USE_LEGACY_KERAS=1 .venv-tf-latest/bin/python -m pytest "${tests[@]}" \
-    "${COMMON[@]}" -p tests.compat_install_plugin "${deselect[@]}" "$@"
+  TF_USE_LEGACY_KERAS=1 pytest_in_two_parts .venv-tf-latest/bin/python \
+    "${tests[@]}" -p tests.compat_install_plugin "${deselect[@]}" "$@"
 }
 
 case "$WHICH" in

@@ -10,6 +10,7 @@ the last micro-batch alone) differs by 1e-2 or more.
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -428,6 +429,7 @@ class RecomputeTest(_Training):
                           msg=name)
 
 
+@pytest.mark.serial
 class PeakMemoryTest(tf.test.TestCase):
   """The allocator's peak of an update made of micro-batches."""
 

@@ -4,9 +4,11 @@ import threading
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.autocast import weights as autocast_weights
 from estimator_bf16.memory import peak as peak_memory
 
@@ -307,8 +309,19 @@ class BackwardMemoryTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(got, want, atol=0.05 * np.abs(want).max())
 
 
+@pytest.mark.serial
 class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
-  """bfloat16 copies of the weights live in the forward pass, not through it."""
+  """bfloat16 copies of the weights live in the forward pass, not through it.
+
+  Of the bfloat16 graph, with TensorFlow's own kernels: where this CPU's
+  bfloat16 conv gradients or einsums are slow, autocast computes them in
+  float32 (autocast.cpu_kernels, tested in test_cpu_kernels), and the
+  hand-written bfloat16 gradients compared with here would differ.
+  """
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(cpu_kernels.kernels('bfloat16'))
 
   # (kind, rows the weights meet): a dense layer's batch, a conv's batch x
   # positions, the columns of `weights @ x`, and a batch only known when

@@ -43,6 +43,9 @@ _NOT_RUN = {
         'needs a Google Cloud project; tests/test_tpu_submit.py runs '
         'tpu-submit against a stand-in gcloud',
 }
+# The promise: every documented block finishes in 2 minutes, on a CPU with
+# native bfloat16 or one that emulates it.
+_BLOCK_SECONDS = 120
 # What a fresh clone holds that the commands read (the venv `make demo`
 # made, the programs, the package).
 _LINKED = ('.venv', 'estimator_bf16', 'models', 'tests', 'scripts',
@@ -99,9 +102,14 @@ class DocsCommandsTest(tf.test.TestCase, parameterized.TestCase):
       os.symlink(os.path.join(_REPO, name), os.path.join(home, name))
     env = {k: v for k, v in os.environ.items()
            if k not in ('PYTHONPATH', 'TF_CPP_MIN_LOG_LEVEL')}
-    done = subprocess.run(['bash', '-euo', 'pipefail', '-c', block],
-                          cwd=home, env=env, capture_output=True, text=True,
-                          timeout=900, check=False)
+    try:
+      done = subprocess.run(['bash', '-euo', 'pipefail', '-c', block],
+                            cwd=home, env=env, capture_output=True,
+                            text=True, timeout=_BLOCK_SECONDS, check=False)
+    except subprocess.TimeoutExpired:
+      self.fail('%s:\n%s\ntook over %d s: a documented command must finish '
+                'in 2 minutes on any CPU (pass the program a smaller step '
+                'count)' % (doc, block, _BLOCK_SECONDS))
     self.assertEqual(done.returncode, 0, '%s\n--- stderr:\n%s' % (
         block, done.stderr[-4000:]))
 

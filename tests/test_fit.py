@@ -15,6 +15,7 @@ import estimator_bf16 as eb
 from estimator_bf16.memory import fit
 from estimator_bf16.memory import planner
 from estimator_bf16.models import digits
+from estimator_bf16.platform import cpu_bfloat16
 from tests import legacy_model
 from tests import test_quiet
 from tests import test_runner
@@ -367,6 +368,7 @@ def _measured(proc, name):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 class RunFitCommandTest(tf.test.TestCase, parameterized.TestCase):
   """`run --fit` on models/mnist_tpu.py at batch 1024 and the bert-style
   TF 1.x program: the budget is 60% of the step's measured bfloat16 peak."""
@@ -412,8 +414,16 @@ class RunFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLessEqual(data['peak_step_bytes'], budget)
     self.assertLessEqual(data['planned_peak_bytes'] * (1 + fit.PLAN_MARGIN),
                          budget)
+    # Where bfloat16 is emulated, the plan adds the float32 copies of the
+    # CPU's matmuls and substituted ops (`upcast`), a coarser model (fit
+    # keeps EMULATED_PLAN_MARGIN for it). Measured with
+    # TF_ENABLE_ONEDNN_OPTS=0: plan / measured 0.84 for mnist (whose step
+    # peaks at 239 MiB with substitution, 236 MiB with TensorFlow's own
+    # bfloat16 kernels) and 0.79 for the bert-style program (nothing
+    # substituted: Eigen's own matmul copies).
+    spread = 0.25 if cpu_bfloat16.emulated_kernels() else 0.15
     self.assertBetween(data['planned_peak_bytes'] / data['peak_step_bytes'],
-                       0.85, 1.15)
+                       1 - spread, 1 + spread)
     # The printed figures are the JSON's.
     line = re.search(r'^peak step tensors: measured ([\d.]+) MiB \| planned '
                      r'([\d.]+) MiB \| budget ([\d.]+) MiB: within the '

@@ -264,6 +264,7 @@ class LeversPlanTest(parameterized.TestCase):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 class MeasuredPeakTest(parameterized.TestCase):
   """The plan against the same training step run on this CPU."""
 
@@ -291,7 +292,7 @@ class MeasuredPeakTest(parameterized.TestCase):
                                recompute=recompute)
     # Without bfloat16 arithmetic the CPU's matmuls hold float32 copies,
     # which the planner adds on request; that model of them is coarser.
-    emulated = not cpu_bfloat16.native_bfloat16()
+    emulated = cpu_bfloat16.emulated_kernels()
     estimate = plan.step_bytes(batch, upcast=emulated)
     tolerance = 0.15 if emulated and precision == 'bfloat16' else 0.10
     # Planned as built, before grappler's pruning and rewrites, this step

@@ -2,6 +2,7 @@
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -296,6 +297,7 @@ class StructureTest(tf.test.TestCase):
     self.assertNotIn('RandomUniform', read)
 
 
+@pytest.mark.serial
 class PeakMemoryTest(tf.test.TestCase, parameterized.TestCase):
 
   def _peak_and_ops(self, build, use_recompute):

@@ -33,6 +33,7 @@ from estimator_bf16.autocast import casts
 from estimator_bf16.autocast import gradients as autocast_gradients
 from estimator_bf16.autocast import graph_queries
 from estimator_bf16.autocast import op_lists
+from estimator_bf16.autocast import rounding
 from estimator_bf16.autocast import slots as slots_lib
 from estimator_bf16.autocast import state
 from estimator_bf16.platform import cpu_bfloat16
@@ -147,16 +148,40 @@ def _cast_gradient(op, grad):
   return back
 
 
-def _float32_input(value):
-  """A float32 version of bfloat16 `value`: a substituted result or a cast."""
+def _float32_input(value, wait_for):
+  """A float32 version of bfloat16 `value` for a substituted op.
+
+  The float32 result of a substituted op (or of the float32 list) that
+  `value` rounds, or else a new cast that waits for `wait_for`, the ops of
+  the substituted op's other inputs: a conv's filter gradient reads an
+  activation of the forward pass, whose cast would otherwise run in the
+  forward pass and keep a float32 copy of it until backprop.
+  """
   table = _FLOAT32_RESULTS.get(value.graph)
   original = table.get(value.ref()) if table else None
+  if original is None:
+    original = rounding.float32_original(value)
   if original is not None:
     return original
-  made = casts.cast(value, tf.float32)
+  if graph_queries.in_tf1_control_flow():
+    # Control inputs cannot cross a TF1 while/cond context: the shared cast.
+    made = casts.cast(value, tf.float32)
+  else:
+    with tf.control_dependencies(wait_for):
+      made = tf.cast(value, tf.float32, name='cpu_float32')
   if made.op.type == 'Cast':
     _mark_cast(made.op, cpu_kind())
   return made
+
+
+def _input_ops(keywords):
+  """The ops that make the tensors among an op's keyword arguments."""
+  ops = []
+  for value in tf.nest.flatten(list(keywords.values())):
+    if isinstance(value, tf.Tensor) and value.op.type != 'Const':
+      if value.op not in ops:
+        ops.append(value.op)
+  return ops
 
 
 def build_substituted(op_def, op_type, name, keywords):
@@ -175,11 +200,13 @@ def build_substituted(op_def, op_type, name, keywords):
   """
   kind = cpu_kind()
   half_attrs = _half_type_attrs(op_def, keywords)
+  input_ops = _input_ops(keywords)
   for attr in half_attrs:
     for slot in slots_lib.slots(op_def, keywords)[attr]:
       value = slots_lib.get(keywords, slot)
       if slots_lib.dtype_of(value) == tf.bfloat16:
-        slots_lib.put(keywords, slot, _float32_input(value))
+        others = [op for op in input_ops if op is not value.op]
+        slots_lib.put(keywords, slot, _float32_input(value, others))
   structure, stateful, op, outputs = state.ORIGINAL_APPLY_OP(
       op_type, name=name, **keywords)
   _mark(op, kind)

@@ -42,6 +42,10 @@ _FORWARDING_OPS = frozenset([
 # With grappler's fusions: matmul + bias (+ activation) is one op. Einsum
 # runs on the same kernels.
 _MATMUL_OPS = op_lists.MATMUL_OPS | op_lists.EINSUM_OPS
+# Ops that hold float32 copies of their bfloat16 operands and result on a
+# CPU that emulates bfloat16: TensorFlow's matmul kernels, and the ops
+# autocast computes in float32 there (autocast.cpu_kernels).
+_UPCAST_OPS = _MATMUL_OPS | op_lists.CPU_SLOW_BFLOAT16_OPS['emulated']
 # Outputs that exist before the step (or outside it) and are never freed.
 _PERSISTENT_OPS = frozenset(['Const', 'HostConst']) | op_lists.VARIABLE_OPS
 _NO_BYTES = (0.0, 0.0)
@@ -200,11 +204,13 @@ def _upcast_scratch(op, size_of):
   """Bytes of float32 copies a non-bfloat16 CPU makes for a bfloat16 matmul.
 
   TensorFlow's CPU matmul kernels without bfloat16 hardware convert the
-  operands to float32, multiply, and convert the result back: while the op
-  runs, float32 copies (twice the bfloat16 bytes) of every bfloat16 operand
-  and of the result are live.
+  operands to float32, multiply, and convert the result back, and autocast
+  computes the ops whose emulated kernels are slow (the conv gradients,
+  einsum, ...) in float32 the same way: while the op runs, float32 copies
+  (twice the bfloat16 bytes) of every bfloat16 operand and of the result
+  are live.
   """
-  if op.type not in _MATMUL_OPS or op.outputs[0].dtype != tf.bfloat16:
+  if op.type not in _UPCAST_OPS or op.outputs[0].dtype != tf.bfloat16:
     return _NO_BYTES
   tensors = [t for t in op.inputs if t.dtype == tf.bfloat16]
   tensors.append(op.outputs[0])

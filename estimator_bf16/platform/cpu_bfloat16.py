@@ -111,6 +111,17 @@ def bfloat16_support(cpuinfo=None, onednn_enabled=None):
   return Bfloat16Support(True, native, 'it has %s' % ' and '.join(native))
 
 
+def emulated_kernels(cpuinfo=None):
+  """True if TensorFlow runs emulated bfloat16 kernels here.
+
+  That is a CPU without bfloat16 arithmetic, or one with it while oneDNN is
+  off (`TF_ENABLE_ONEDNN_OPTS=0`): either way Eigen's kernels convert
+  bfloat16 to float32 copies. False on a native CPU, and where the CPU is
+  unknown.
+  """
+  return bfloat16_support(cpuinfo).native is False
+
+
 def native_bfloat16(cpuinfo=None):
   """True if this CPU has bfloat16 arithmetic (whatever oneDNN's setting)."""
   return bool((cpu_flags(cpuinfo) or frozenset()) &

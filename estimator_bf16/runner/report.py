@@ -189,7 +189,7 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
                               params=train_graph.params,
                               precisions=precisions)
   upcast = (here and not train_graph.use_tpu and
-            not cpu_bfloat16.native_bfloat16())
+            cpu_bfloat16.emulated_kernels())
   images = any(spec.dtype.is_floating and (spec.shape.rank or 0) >= 3
                for spec in tf.nest.flatten(train_graph.features))
   result = fit_lib.fit(
