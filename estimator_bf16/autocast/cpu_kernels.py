@@ -19,7 +19,6 @@ Nothing is substituted inside a TPU or XLA computation, when a GPU is
 visible, or under `kernels('bfloat16')` (`--kernels=bfloat16`).
 """
 
-import collections
 import contextlib
 import functools
 import weakref
@@ -280,10 +279,3 @@ def is_substituted(op):
   except ValueError:
     return False
 
-
-def substituted_op_types(graph):
-  """{op type: count} of the non-cast ops substitution built in `graph`."""
-  counts = collections.Counter(
-      op.type for op in graph.get_operations()
-      if op.type != 'Cast' and is_substituted(op))
-  return dict(counts)
