@@ -1,12 +1,25 @@
 """Process-wide test set-up that must happen before TensorFlow is imported."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # The CPU allocator keeps the statistics that memory tests read only when the
 # process starts with this set (see estimator_bf16/memory/peak.py).
 os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
 # Quieter logs: TensorFlow's C++ info lines drown test output.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+# XLA reads its flags at its first compile, and any test may be the first in
+# a worker: the XLA-step tests need its buffer-assignment dump, so every
+# compile of the test process is dumped, into a folder removed at exit
+# (`estimator_bf16.memory.xla_dump.enable` then uses it).
+if '--xla_dump_to=' not in os.environ.get('XLA_FLAGS', ''):
+  _XLA_DUMP = tempfile.mkdtemp(prefix='estimator_bf16_test_xla_')
+  atexit.register(shutil.rmtree, _XLA_DUMP, True)
+  os.environ['XLA_FLAGS'] = ' '.join(filter(None, (
+      os.environ.get('XLA_FLAGS', ''), '--xla_dump_to=' + _XLA_DUMP,
+      '--xla_dump_hlo_as_text')))
 
 
 def pytest_configure(config):

@@ -557,12 +557,16 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
           train_batch_size=12, gradient_accumulation_steps=4,
           distribute=eb.make_strategy('mirrored', cpu_devices=2))
 
-  def test_tpu(self):
-    with self.assertRaisesRegex(ValueError, 'needs use_tpu=False'):
+  def test_tpu_batch_not_divisible_by_k_times_cores(self):
+    # On a TPU each core's share of the batch is split into K (the device
+    # loop's micro-steps): 16 over 8 cores is 2 per core, not 4 x 1.
+    with self.assertRaisesRegex(
+        ValueError, r'train_batch_size=16 is not divisible by '
+        r'gradient_accumulation_steps=4 x 8 TPU replicas = 32'):
       eb.make_tpu_estimator(adam_model_fn, model_dir='/tmp/unused',
                             precision='float32', train_batch_size=16,
                             use_tpu=True, tpu='local',
-                            gradient_accumulation_steps=2)
+                            gradient_accumulation_steps=4)
 
   def test_bad_recompute(self):
     with self.assertRaisesRegex(ValueError, 'recompute must be True or False'):

@@ -114,12 +114,20 @@ def _eval_distribute(distribute, train_batch_size, eval_batch_size):
   return distribute
 
 
-def _micro_batch(train_batch_size, steps, use_tpu, distribute):
-  """The batch of one micro-step: the global batch split over K steps."""
+def _micro_batch(train_batch_size, steps, use_tpu, distribute,
+                 tpu_replicas=1):
+  """The input_fn's global batch: the update's, split over K steps.
+
+  On a TPU the input_fn keeps the update's batch: each step of the
+  device's loop splits its core's share into the K micro-batches
+  (`memory.device_accumulation`).
+  """
   if steps == 1:
     return train_batch_size
   if use_tpu:
-    raise ValueError(levers.TPU_ACCUMULATION_MESSAGE % steps)
+    accumulation.micro_batch_size(train_batch_size, steps, tpu_replicas,
+                                  'TPU replicas')
+    return train_batch_size
   replicas = 1 if distribute is None else distribute.num_replicas_in_sync
   return accumulation.micro_batch_size(train_batch_size, steps, replicas,
                                        'replicas of the strategy')
@@ -189,7 +197,9 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       what input_fn and model_fn see (per core or replica, as
       `params['batch_size']`); `train_batch_size` stays the effective
       batch, and `global_step`, `max_steps` and schedules count updates.
-      Needs `use_tpu=False` (see `levers.TPU_ACCUMULATION_MESSAGE`).
+      With `use_tpu` the input_fn gets the update's batch per core, and
+      each step of the device loop runs the K micro-batches itself
+      (`estimator_bf16.memory.device_accumulation`).
     recompute: recompute activations during backprop, segment by segment,
       instead of keeping them (`estimator_bf16.memory.recompute`): a lower peak
       for about one more forward pass.
@@ -206,8 +216,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       an unknown backend, or `use_tpu` with the compat backend (TPUs run
       TensorFlow 2.15), a strategy with `use_tpu` or with
       `backend='tf_estimator'`, or batches not divisible by its replicas;
-      a bad `kernels`, K or recompute, K > 1 with `use_tpu`, or a `train_batch_size`
-      not divisible by K x replicas.
+      a bad `kernels`, K or recompute, or a `train_batch_size` not
+      divisible by K x replicas (TPU replicas with `use_tpu`).
   """
   precision = precision_lib.parse_precision(precision)
   levers.check_levers(gradient_accumulation_steps, recompute)
@@ -240,8 +250,9 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       'predict_batch_size': predict_batch_size})
   eval_distribute = _eval_distribute(distribute, train_batch_size,
                                      eval_batch_size)
-  micro_batch = _micro_batch(train_batch_size, gradient_accumulation_steps,
-                             use_tpu, distribute)
+  micro_batch = _micro_batch(
+      train_batch_size, gradient_accumulation_steps, use_tpu, distribute,
+      tpu_facts.tpu_replicas(num_shards, num_cores_per_replica))
   if use_tpu and backend == backend_lib.COMPAT_BACKEND:
     # After the argument checks (they hold whatever runs the job), before
     # any TPU resolver is built: fail with the way out.

@@ -32,6 +32,7 @@ from tensorflow.python.ops import gradients as gradients_module
 
 from estimator_bf16.estimator import calling
 from estimator_bf16.memory import accumulation
+from estimator_bf16.memory import device_accumulation
 from estimator_bf16.platform import patching
 
 
@@ -51,11 +52,14 @@ _LOCAL = _Local()
 class _Levers(object):
   """What one model_fn build asked for and what its gradient calls did."""
 
-  def __init__(self, steps, recompute):
+  def __init__(self, steps, recompute, device=None):
     self.steps = steps
     self.recompute = recompute
-    self.accumulators = (accumulation.Accumulators(steps) if steps > 1
-                         else None)
+    # On a TPU the micro-steps are a loop inside the step (`device`);
+    # elsewhere a hook runs them between steps (`accumulators`).
+    self.device = device
+    self.accumulators = (accumulation.Accumulators(steps)
+                         if steps > 1 and device is None else None)
     self.calls = 0
 
 
@@ -84,13 +88,15 @@ def _gradients_in_levers(original):
     xs_list = list(xs) if isinstance(xs, (list, tuple)) else [xs]
     if not xs_list or not all(_is_variable(x) for x in xs_list):
       return original(*args, **kwargs)
+    options = {k: v for k, v in arguments.items()
+               if k not in ('ys', 'xs', 'grad_ys', 'name')}
+    gradients_fn = None
     _LOCAL.inside += 1
     try:
       if levers.recompute:
         # Imported here: recompute is only needed when asked for.
         from estimator_bf16.memory import recompute  # pylint: disable=g-import-not-at-top
-        options = {k: v for k, v in arguments.items()
-                   if k not in ('ys', 'xs', 'grad_ys', 'name')}
+        gradients_fn = recompute.gradients_with_recompute
         # Under TensorFlow's own name scope, where the audit and the
         # planner look for the backward pass.
         grads = recompute.gradients_with_recompute(
@@ -98,6 +104,15 @@ def _gradients_in_levers(original):
             name=arguments.get('name') or 'gradients', **options)
       else:
         grads = original(*args, **kwargs)
+      if levers.device is not None:
+        ys = arguments['ys']
+        ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
+        grad_ys = arguments.get('grad_ys')
+        if grad_ys is not None and not isinstance(grad_ys, (list, tuple)):
+          grad_ys = [grad_ys]
+        grads = levers.device.mean_gradients(
+            [tf.convert_to_tensor(y) for y in ys], xs_list, grad_ys,
+            list(grads), options, gradients_fn)
     finally:
       _LOCAL.inside -= 1
     levers.calls += 1
@@ -145,6 +160,19 @@ def check_levers(gradient_accumulation_steps=1, recompute=False):
   return gradient_accumulation_steps, recompute
 
 
+def _batch_size(params, features):
+  """The batch of one step's input: params['batch_size'], or dimension 0."""
+  batch = (params or {}).get('batch_size')
+  if batch:
+    return batch
+  for tensor in tf.nest.flatten(features):
+    if isinstance(tensor, tf.Tensor) and tensor.shape.rank:
+      if tensor.shape[0] is not None:
+        return int(tensor.shape[0])
+  raise ValueError('gradient accumulation on a TPU needs the batch: give '
+                   "params['batch_size'] or inputs of a static batch.")
+
+
 def _spec_with(spec, train_op, hook):
   # A tuple: TPUEstimatorSpec adds its own hooks to it as a tuple.
   hooks = tuple(getattr(spec, 'training_hooks', None) or ()) + (hook,)
@@ -158,13 +186,17 @@ def levers_model_fn(model_fn, gradient_accumulation_steps=1,
   Args:
     model_fn: `(features, labels, mode[, params][, config])` returning an
       `EstimatorSpec` or `TPUEstimatorSpec` (a namedtuple); left unmodified.
-      It is called with the micro-batch: the caller gives the input_fn and
-      model_fn `train_batch_size / gradient_accumulation_steps`.
+      It is called with the micro-batch: off a TPU the caller gives the
+      input_fn and model_fn `train_batch_size / gradient_accumulation_steps`;
+      on a TPU (`params['use_tpu']`) the input_fn keeps the update's batch
+      and this wrapper hands the model_fn its first micro-batch.
     gradient_accumulation_steps: int >= 1, micro-batches per update (1: no
-      accumulation). The returned TRAIN spec's `train_op` is one update:
-      the K-th micro-step and the program's own train op applying the
-      mean; its `training_hooks` gain the `accumulation.AccumulationHook`
-      that runs the K - 1 micro-steps before it.
+      accumulation). Off a TPU the returned TRAIN spec's `train_op` is one
+      update: the K-th micro-step and the program's own train op applying
+      the mean; its `training_hooks` gain the
+      `accumulation.AccumulationHook` that runs the K - 1 micro-steps
+      before it. On a TPU the step itself loops over the micro-batches
+      (`device_accumulation`) and the spec is the program's.
     recompute: recompute activations during backprop (`recompute`).
 
   Returns:
@@ -173,8 +205,9 @@ def levers_model_fn(model_fn, gradient_accumulation_steps=1,
 
   Raises:
     ValueError: bad lever values or model_fn signature (now); at build
-      time, a TRAIN graph on a TPU (`params['use_tpu']`) with K > 1, or one
-      whose model_fn computed no gradients of variables.
+      time, a TRAIN graph whose model_fn computed no gradients of
+      variables, or on a TPU a batch K does not divide or a forward pass
+      in TensorFlow 1.x control flow.
   """
   steps, recompute = check_levers(gradient_accumulation_steps, recompute)
   accepted = calling.model_fn_arg_names(model_fn)
@@ -187,12 +220,20 @@ def levers_model_fn(model_fn, gradient_accumulation_steps=1,
     kwargs = calling.model_fn_kwargs(accepted, labels, mode, params, config)
     if mode != calling.TRAIN:
       return model_fn(features=features, **kwargs)
+    device = None
     if steps > 1 and (params or {}).get('use_tpu'):
-      raise ValueError(TPU_ACCUMULATION_MESSAGE % steps)
+      # The device loop runs the steps: the micro-steps are a loop inside
+      # each one (`device_accumulation`), the model_fn sees micro-batch 0.
+      device = device_accumulation.DeviceAccumulation(
+          features, labels, _batch_size(params, features), steps)
+      features = device.features
+      params = dict(params, batch_size=device.micro_batch)
+      kwargs = calling.model_fn_kwargs(accepted, device.labels, mode, params,
+                                       config)
     graph = tf.compat.v1.get_default_graph()
     update_ops_before = len(
         graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
-    with _levers_active(_Levers(steps, recompute)) as levers:
+    with _levers_active(_Levers(steps, recompute, device)) as levers:
       spec = model_fn(features=features, **kwargs)
     if not levers.calls:
       raise ValueError(
@@ -215,10 +256,3 @@ def levers_model_fn(model_fn, gradient_accumulation_steps=1,
   del model_fn_with_levers.__wrapped__
   return model_fn_with_levers
 
-
-TPU_ACCUMULATION_MESSAGE = (
-    'gradient_accumulation_steps=%d needs use_tpu=False: on a TPU the '
-    'training loop runs iterations_per_loop steps on the device, where the '
-    'host cannot run the micro-steps between updates. Train on the TPU '
-    'with a larger batch per core (bfloat16, recompute=True) or run the '
-    'same program with use_tpu=False on CPUs/GPUs.')

@@ -54,13 +54,13 @@ TPU; the measurements are from the CPU allocator
 (`estimator_bf16.memory.peak`).
 """
 
-import collections
 import contextlib
 import threading
 
 from absl import logging
 import tensorflow as tf
 from tensorflow.python.ops import gradients_impl
+from tensorflow.python.util import object_identity
 
 from estimator_bf16.memory import recompute_cuts
 from estimator_bf16.memory import recompute_path
@@ -184,9 +184,13 @@ def _recompute_gradients(graph, ys, xs, grad_ys, segments, name, kwargs,
   kwargs.pop('gate_gradients', None)
   unconnected = kwargs.pop('unconnected_gradients',
                            tf.UnconnectedGradients.NONE)
-  stop_tensors = set(tf.convert_to_tensor(t) for t in
-                     _as_list(kwargs.pop('stop_gradients', None)))
-  x_tensors = [_x_tensor(x) for x in xs]
+  # Identity containers: a function graph's tensors are not hashable.
+  stop_tensors = object_identity.ObjectIdentitySet(
+      tf.convert_to_tensor(t) for t in
+      _as_list(kwargs.pop('stop_gradients', None)))
+  # As the ops being differentiated read them (inside a loop body with
+  # control flow v2, through captures).
+  x_tensors = recompute_path.in_graph([_x_tensor(x) for x in xs], graph)
   path = recompute_path.path_ops(ys, x_tensors, stop_tensors)
   kept = recompute_path.kept_ops(path, x_tensors)
   cuts = _LOCAL.cuts(lambda: recompute_cuts.choose_cuts(path, kept,
@@ -210,17 +214,17 @@ def _seed_gradients(ys, grad_ys):
   """Gradient contributions per tensor, holding those flowing into `ys`.
 
   Returns:
-    defaultdict(list) {tf.Tensor: gradients}: `grad_ys`, or ones for the
-    floating (and complex) `ys` they leave None.
+    An identity map {tf.Tensor: list of gradients}: `grad_ys`, or ones
+    for the floating (and complex) `ys` they leave None.
   """
-  grads = collections.defaultdict(list)
+  grads = object_identity.ObjectIdentityDictionary()
   for index, y in enumerate(ys):
     grad_y = grad_ys[index] if grad_ys else None
     if grad_y is None:
       if not (y.dtype.is_floating or y.dtype.is_complex):
         continue
       grad_y = tf.ones_like(y, name='grad_ys_%d' % index)
-    grads[y].append(grad_y)
+    grads.setdefault(y, []).append(grad_y)
   return grads
 
 

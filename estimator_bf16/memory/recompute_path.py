@@ -24,6 +24,7 @@ that are kept (their forward outputs reused). Kept are:
 """
 
 import tensorflow as tf
+from tensorflow.python.util import object_identity
 
 from estimator_bf16.autocast import op_lists
 
@@ -73,6 +74,35 @@ def _must_keep(op):
           any(t.dtype._is_ref_dtype for t in op.inputs))  # pylint: disable=protected-access
 
 
+def in_graph(tensors, graph):
+  """Each of `tensors` as `graph` reads it.
+
+  With control flow v2 a loop body (TPUEstimator's training loop, for one)
+  is a function graph that reads outer tensors through placeholders of its
+  own, its captures, one per level of nesting. TensorFlow's gradients see
+  through them; a search along the consumers of a variable's handle must
+  start from the placeholder the body's ops read.
+
+  Args:
+    tensors: list of tf.Tensor of `graph` or of graphs it is nested in.
+    graph: the graph being built in (`tf.compat.v1.get_default_graph()`).
+
+  Returns:
+    A list aligned with `tensors`: the innermost capture of each in
+    `graph`, or the tensor itself where it is not captured.
+  """
+  chain = [graph]
+  while getattr(chain[-1], 'outer_graph', None) is not None:
+    chain.append(chain[-1].outer_graph)
+  result = list(tensors)
+  for inner_graph in reversed(chain[:-1]):  # outermost function first
+    captured = object_identity.ObjectIdentityDictionary()
+    for external, internal in getattr(inner_graph, 'captures', ()):
+      captured[external] = internal
+    result = [captured.get(t, t) for t in result]
+  return result
+
+
 def ancestor_ops(ops, control_inputs):
   """`ops` and every op they depend on (a set of tf.Operation).
 
@@ -111,7 +141,8 @@ def path_ops(ys, x_tensors, stop_tensors):
   ancestors = ancestor_ops([y.op for y in ys], control_inputs=False)
   reached = set()
   stack = [t for t in x_tensors]
-  seen_tensors = set()
+  # Identity sets: tensors of a function graph are not hashable.
+  seen_tensors = object_identity.ObjectIdentitySet()
   while stack:
     tensor = stack.pop()
     if tensor in seen_tensors or tensor in stop_tensors:

@@ -2,9 +2,8 @@
 
 Given the forward path cut into segments (`recompute_cuts`), `backprop`
 walks the segments from last to first. For each, it copies the segment's
-recomputable forward ops into the graph (same type, attributes --
-gradient overrides `_gradient_op_type` and colocation `_class` included --
-and device), fed with the checkpoints, and takes `tf.compat.v1.gradients`
+recomputable forward ops into the graph (`op_copy`), fed with the
+checkpoints, and takes `tf.compat.v1.gradients`
 of the copied outputs with respect to the segment's inputs, so every
 gradient function, override and aggregation is TensorFlow's own. The last
 segment is not copied: its activations are needed right when the forward
@@ -20,6 +19,9 @@ the end of the step, and their inputs pile up across all segments
 
 import tensorflow as tf
 from tensorflow.python.ops import gradients_impl
+from tensorflow.python.util import object_identity
+
+from estimator_bf16.memory import op_copy
 
 
 def sum_gradients(grads):
@@ -49,7 +51,7 @@ def backprop(graph, chunks, kept, grads, x_tensors, ys, stop_tensors,
     chunks: the segments, lists of tf.Operation in topological order, in
       forward order.
     kept: set of tf.Operation that are not copied.
-    grads: defaultdict(list) {tf.Tensor: gradient contributions}, seeded
+    grads: identity map {tf.Tensor: list of gradient contributions}, seeded
       with the gradients of `ys`; the gradients of every segment's inputs
       (checkpoints and `x_tensors`) are added to it.
     x_tensors: the tensors differentiated with respect to.
@@ -57,8 +59,10 @@ def backprop(graph, chunks, kept, grads, x_tensors, ys, stop_tensors,
     stop_tensors: set of tf.Tensor through which gradients do not flow.
     kwargs: other arguments of `tf.compat.v1.gradients`.
   """
-  x_set = set(x_tensors)
-  y_set = set(ys)
+  # Identity sets and maps throughout: the tensors of a function graph (a
+  # loop body with control flow v2) are neither hashable nor comparable.
+  x_set = object_identity.ObjectIdentitySet(x_tensors)
+  y_set = object_identity.ObjectIdentitySet(ys)
   chunk_of = {}
   for number, chunk in enumerate(chunks):
     for op in chunk:
@@ -75,7 +79,7 @@ def backprop(graph, chunks, kept, grads, x_tensors, ys, stop_tensors,
       continue
     scope = 'segment_%d' % number
     if number == len(chunks) - 1:
-      copies = {}
+      copies = object_identity.ObjectIdentityDictionary()
     else:
       # Waiting for all of the later segment's gradients, not only those
       # reaching this segment's outputs (see the module docstring).
@@ -84,7 +88,8 @@ def backprop(graph, chunks, kept, grads, x_tensors, ys, stop_tensors,
                              scope + '_forward')
     # An x made inside the segment is an entry too, but its gradient here
     # is the total one.
-    inside = set(t for t in entries if chunk_of.get(t.op) == number)
+    inside = object_identity.ObjectIdentitySet(
+        t for t in entries if chunk_of.get(t.op) == number)
     inner = _segment_gradients(copies, outputs, incoming, entries, inside,
                                stop_tensors, scope + '_gradients', kwargs)
     later_grads = [grad for grad in inner if grad is not None]
@@ -93,7 +98,7 @@ def backprop(graph, chunks, kept, grads, x_tensors, ys, stop_tensors,
         # Already includes what later segments sent it (its grad_ys).
         grads[tensor] = [grad] if grad is not None else []
       elif grad is not None:
-        grads[tensor].append(grad)
+        grads.setdefault(tensor, []).append(grad)
 
 
 def _outputs_with_gradients(chunk, grads, stop_tensors, y_set):
@@ -113,12 +118,14 @@ def _outputs_with_gradients(chunk, grads, stop_tensors, y_set):
 def _entries(chunk, number, chunk_of, x_set):
   """Inputs of segment `number`: earlier segments' tensors and xs."""
   entries = []
+  seen = object_identity.ObjectIdentitySet()
   for op in chunk:
     for tensor in op.inputs:
-      if tensor in entries:
+      if tensor in seen:
         continue
       if tensor in x_set or chunk_of.get(tensor.op, number) < number:
         entries.append(tensor)
+        seen.add(tensor)
   return entries
 
 
@@ -174,20 +181,14 @@ def _copy_segment(graph, segment, kept, wait_for, scope):
   Returns:
     dict {original tf.Tensor: copied tf.Tensor}.
   """
-  copies = {}
+  copies = object_identity.ObjectIdentityDictionary()
   op_copies = {}
   for op in segment:
     if op in kept:
       continue
     inputs = [copies.get(t, t) for t in op.inputs]
     control = [op_copies.get(c, c) for c in op.control_inputs]
-    attrs = {key: op.node_def.attr[key] for key in op.node_def.attr}
-    new = graph._create_op_internal(  # pylint: disable=protected-access
-        op.type, inputs, dtypes=[t.dtype for t in op.outputs],
-        name=scope + '/' + op.name, attrs=attrs, op_def=op.op_def,
-        compute_device=False)
-    if op.device:
-      new._set_device(op.device)  # pylint: disable=protected-access
+    new = op_copy.copy_op(graph, op, inputs, scope + '/' + op.name)
     if not any(t.op in op_copies for t in op.inputs):
       # A first copy of the segment: without this wait the executor may
       # recompute the segment during the forward pass, which would keep
@@ -197,7 +198,6 @@ def _copy_segment(graph, segment, kept, wait_for, scope):
       new._add_control_inputs(  # pylint: disable=protected-access
           [c for c in control if c not in new.control_inputs])
     for old_tensor, new_tensor in zip(op.outputs, new.outputs):
-      new_tensor.set_shape(old_tensor.shape)
       copies[old_tensor] = new_tensor
     op_copies[op] = new
   return copies

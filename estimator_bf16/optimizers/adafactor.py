@@ -164,8 +164,12 @@ class AdafactorOptimizer(dense_update.DenseUpdateOptimizer):
             '%s_%s' % (self._name, SLOT_MOMENTUM))
 
   def _step_variable(self):
-    return self._get_non_slot_variable(
-        _STEP_NAME, graph=tf.compat.v1.get_default_graph())
+    # Keyed by the graph it was created in (under init_scope, the outermost
+    # one): inside a loop body with control flow v2, as in TPUEstimator's
+    # training loop, the default graph is the body's function graph.
+    with tf.init_scope():
+      graph = tf.compat.v1.get_default_graph()
+    return self._get_non_slot_variable(_STEP_NAME, graph=graph)
 
   def _prepare(self):
     # Read the count once per apply_gradients; every variable update depends

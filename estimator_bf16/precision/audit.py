@@ -211,7 +211,7 @@ def compute_dtype(op):
   return op.outputs[0].dtype.base_dtype
 
 
-def _where_made(op):
+def where_made(op):
   """`file:line (function)` of the innermost user frame that made `op`."""
   try:
     frames = list(op.traceback)
@@ -230,7 +230,7 @@ def _where_made(op):
 
 def _made_at(op):
   """' (made at file:line (function))' for a problem message, or ''."""
-  where = _where_made(op)
+  where = where_made(op)
   return ' (made at %s)' % where if where else ''
 
 
@@ -330,7 +330,7 @@ def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
   total = sum(flops.values())
   share = (flops.get('bfloat16', 0.0) / total) if total else 0.0
   float32_ops.sort(key=lambda pair: -pair[0])
-  largest = [(op.name, op.type, count, _where_made(op))
+  largest = [(op.name, op.type, count, where_made(op))
              for count, op in float32_ops[:_LARGEST_SHOWN]]
   if min_bfloat16_share is not None and total and share < min_bfloat16_share:
     problems.append(

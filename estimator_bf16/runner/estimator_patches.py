@@ -24,8 +24,8 @@ import threading
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.estimator import tpu as tpu_facts
 from estimator_bf16.memory import accumulation
-from estimator_bf16.memory import levers as levers_lib
 from estimator_bf16.memory import peak as memory_lib
 from estimator_bf16.platform import backend
 from estimator_bf16.platform import patching
@@ -57,8 +57,6 @@ def _estimator_facts(arguments, tpu):
   if not tpu:
     note = ("a plain Estimator's input_fn sets its own batch, which the "
             'runner does not split into micro-batches')
-  elif use_tpu:
-    note = 'gradient accumulation needs use_tpu=False'
   elif arguments.get('train_batch_size') is None:
     note = 'the TPUEstimator has no train_batch_size to split'
   return {'use_tpu': use_tpu, 'accumulation_note': note}
@@ -89,14 +87,24 @@ def _micro_batch(run, arguments):
   The program's `train_batch_size` stays the effective batch of an
   update (what `eb.make_tpu_estimator` does with
   `gradient_accumulation_steps`). A plain Estimator has no batch
-  argument: its input_fn's batch is the micro-batch.
+  argument: its input_fn's batch is the micro-batch. On a TPU the input_fn
+  keeps the update's batch and each step of the device loop splits it
+  (`memory.device_accumulation`).
   """
-  if arguments.get('use_tpu', True):
-    raise ValueError(levers_lib.TPU_ACCUMULATION_MESSAGE % run.steps)
   batch = arguments.get('train_batch_size')
   if batch is None:
     return
-  strategy = getattr(arguments.get('config'), 'train_distribute', None)
+  config = arguments.get('config')
+  if arguments.get('use_tpu', True):
+    tpu_config = getattr(config, 'tpu_config', None)
+    replicas = tpu_facts.tpu_replicas(
+        getattr(tpu_config, 'num_shards', None),
+        getattr(tpu_config, 'num_cores_per_replica', None))
+    micro = accumulation.micro_batch_size(batch, run.steps, replicas,
+                                          'TPU replicas')
+    run.result.micro_batches.append((batch, micro))
+    return
+  strategy = getattr(config, 'train_distribute', None)
   replicas = strategy.num_replicas_in_sync if strategy is not None else 1
   micro = accumulation.micro_batch_size(batch, run.steps, replicas,
                                         'replicas of the strategy')
@@ -170,6 +178,9 @@ def _patched_entry(original, name):
       return original(estimator, *args, **kwargs)
     bound = inspect.signature(original).bind(estimator, *args, **kwargs)
     arguments = bound.arguments
+    if name == 'train':
+      run.train_input_fn = arguments['input_fn']
+      run.train_config = getattr(estimator, 'config', None)
     arguments['input_fn'] = eb.wrap_input_fn(
         arguments['input_fn'], run.precision, exclude=run.exclude)
     if name != 'train':

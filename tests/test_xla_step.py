@@ -1,0 +1,274 @@
+"""The TRAIN step compiled by XLA inside a device loop, as on a TPU.
+
+The loop is `xla_step.train_loop_on_xla`: the model_fn built with
+`use_tpu=True` inside a loop of `iterations_per_loop` steps, compiled by
+XLA on this CPU. Gradient accumulation there runs inside each step
+(`device_accumulation`); its updates are compared, in float32, with the
+big batch compiled the same way and with the host version's checkpoints.
+"""
+
+import contextlib
+import os
+import textwrap
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import estimator_bf16 as eb
+from estimator_bf16.memory import device_accumulation
+from estimator_bf16.memory import xla_dump
+from estimator_bf16.memory import xla_step
+from tensorflow.python.ops import control_flow_util
+from tests import test_accumulation as models
+
+_K = 4
+_LOOP = 2  # steps per compiled loop
+_LOOPS = 2
+_UPDATES = _LOOP * _LOOPS
+_TOLERANCE = 1e-5
+
+
+def cross_shard_adam_model_fn(features, labels, mode, params):
+  """Adam with a decaying rate, wrapped in CrossShardOptimizer on a TPU."""
+  loss = models._loss(labels, models._network(features))  # pylint: disable=protected-access
+  global_step = tf.compat.v1.train.get_global_step()
+  rate = tf.compat.v1.train.polynomial_decay(0.05, global_step, _UPDATES,
+                                             0.01)
+  optimizer = tf.compat.v1.train.AdamOptimizer(rate)
+  if params['use_tpu']:
+    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+  train_op = optimizer.minimize(loss, global_step=global_step)
+  return models._spec(mode, loss, train_op)  # pylint: disable=protected-access
+
+
+_MODEL_FNS = {
+    'adam': models.adam_model_fn,
+    'cross_shard_adam': cross_shard_adam_model_fn,
+    'adamw': models._package_optimizer_model_fn('adamw'),  # pylint: disable=protected-access
+    'adafactor': models._package_optimizer_model_fn('adafactor'),  # pylint: disable=protected-access
+    'bert_style': models.bert_style_model_fn,
+}
+
+
+@contextlib.contextmanager
+def _control_flow(version):
+  """TF 1.x loops ('v1', as after `disable_v2_behavior()`) or 'v2'."""
+  before = control_flow_util.ENABLE_CONTROL_FLOW_V2
+  control_flow_util.ENABLE_CONTROL_FLOW_V2 = (version == 'v2')
+  try:
+    yield
+  finally:
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = before
+
+
+def _on_xla(model_fn, steps=1, precision='float32', **kwargs):
+  return xla_step.train_loop_on_xla(
+      model_fn, models.input_fn, batch_size=models._BATCH,  # pylint: disable=protected-access
+      iterations_per_loop=_LOOP, loops=_LOOPS, precision=precision,
+      gradient_accumulation_steps=steps, return_variables=True, **kwargs)
+
+
+def _model_variables(values):
+  """The saved variables: no accumulation state, no XLA bookkeeping."""
+  return {name: value for name, value in values.items()
+          if 'gradient_accumulat' not in name}
+
+
+class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      *[('%s_%s' % (name, flow), name, flow) for name in _MODEL_FNS
+        for flow in ('v1', 'v2')])
+  def test_k_micro_batches_in_the_loop_equal_the_big_batch(self, name, flow):
+    with _control_flow(flow):
+      big = _on_xla(_MODEL_FNS[name])
+      accumulated = _on_xla(_MODEL_FNS[name], steps=_K)
+    # global_step counts updates: one per step of the device loop.
+    self.assertEqual(big.global_step, _UPDATES)
+    self.assertEqual(accumulated.global_step, _UPDATES)
+    first = _model_variables(big.variables)
+    second = _model_variables(accumulated.variables)
+    self.assertEqual(sorted(first), sorted(second))
+    moved = 0
+    for variable in first:
+      self.assertAllClose(first[variable], second[variable],
+                          rtol=_TOLERANCE, atol=_TOLERANCE, msg=variable)
+      moved += int(variable.startswith(('hidden', 'logits')))
+    self.assertGreater(moved, 0)
+
+  def test_one_micro_batch_per_update_would_differ(self):
+    # The comparison above can fail: an update from a quarter of the batch
+    # trains other weights.
+    big = _on_xla(models.adam_model_fn)
+    quarter = xla_step.train_loop_on_xla(
+        models.adam_model_fn, models.input_fn,
+        batch_size=models._BATCH // _K,  # pylint: disable=protected-access
+        iterations_per_loop=_LOOP, loops=_LOOPS, precision='float32',
+        return_variables=True)
+    difference = np.max(np.abs(big.variables['hidden/kernel'] -
+                               quarter.variables['hidden/kernel']))
+    self.assertGreater(difference, 1e-3)
+
+  def test_equals_the_host_accumulation(self):
+    model_dir = self.create_tempdir().full_path
+    estimator = eb.make_tpu_estimator(
+        models.adam_model_fn, model_dir=model_dir, precision='float32',
+        train_batch_size=models._BATCH, tf_random_seed=0,  # pylint: disable=protected-access
+        save_checkpoints_steps=1000, log_step_count_steps=None,
+        gradient_accumulation_steps=_K)
+    estimator.train(models.input_fn, max_steps=_UPDATES)
+    host = models._checkpoint(model_dir)  # pylint: disable=protected-access
+    device = _on_xla(models.adam_model_fn, steps=_K,
+                     config=tf.compat.v1.estimator.tpu.RunConfig(
+                         tf_random_seed=0)).variables
+    self.assertEqual(host['global_step'], _UPDATES)
+    for name in ('hidden/kernel', 'hidden/bias', 'logits/kernel',
+                 'hidden/kernel/Adam', 'hidden/kernel/Adam_1'):
+      self.assertAllClose(host[name], device[name], rtol=_TOLERANCE,
+                          atol=_TOLERANCE, msg=name)
+
+  def test_bfloat16_trains_in_the_loop(self):
+    result = _on_xla(models.adam_model_fn, steps=_K, precision='bfloat16')
+    self.assertEqual(result.global_step, _UPDATES)
+    self.assertTrue(np.isfinite(result.loss))
+    self.assertEqual(result.variables['hidden/kernel'].dtype, np.float32)
+
+  @parameterized.named_parameters(('v1', 'v1'), ('v2', 'v2'))
+  def test_with_recompute(self, flow):
+    with _control_flow(flow):
+      big = _on_xla(models.deep_model_fn)
+      both = _on_xla(models.deep_model_fn, steps=_K, recompute=True)
+    for name in ('layer_0/kernel', 'logits/kernel'):
+      self.assertAllClose(big.variables[name], both.variables[name],
+                          rtol=_TOLERANCE, atol=_TOLERANCE, msg=name)
+
+  def test_batch_not_divisible(self):
+    with self.assertRaisesRegex(ValueError, 'batch per core, 16, is not '
+                                'divisible by gradient_accumulation_steps=3'):
+      _on_xla(models.adam_model_fn, steps=3)
+
+
+class BatchAxisTest(tf.test.TestCase):
+
+  def test_batch_first_then_last(self):
+    axis = device_accumulation.batch_axis
+    self.assertEqual(axis(tf.TensorShape([8, 28, 28]), 8), 0)
+    self.assertEqual(axis(tf.TensorShape([224, 224, 3, 8]), 8), 3)
+    self.assertEqual(axis(tf.TensorShape([128, 8, 4]), 8), 1)
+    self.assertEqual(axis(tf.TensorShape([8, 3, 8]), 8), 0)
+    with self.assertRaisesRegex(ValueError, 'is the batch 8'):
+      axis(tf.TensorShape([3, 4]), 8)
+
+  def test_transposed_images_accumulate_like_the_big_batch(self):
+    def input_fn(params):
+      x, y = models._data()  # pylint: disable=protected-access
+      dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
+          params['batch_size'], drop_remainder=True).repeat()
+      # Batch last, as tensorflow/tpu's transposed images.
+      return dataset.map(lambda x, y: ({'x': tf.transpose(x)}, y))
+
+    def model_fn(features, labels, mode, params):
+      del params
+      return models.adam_model_fn({'x': tf.transpose(features['x'])},
+                                  labels, mode, None)
+
+    def run(steps):
+      return xla_step.train_loop_on_xla(
+          model_fn, input_fn, batch_size=models._BATCH,  # pylint: disable=protected-access
+          iterations_per_loop=_LOOP, loops=1, precision='float32',
+          gradient_accumulation_steps=steps, return_variables=True)
+
+    big, accumulated = run(1), run(_K)
+    self.assertAllClose(big.variables['hidden/kernel'],
+                        accumulated.variables['hidden/kernel'],
+                        rtol=_TOLERANCE, atol=_TOLERANCE)
+
+
+def _summary_then_string_model_fn(features, labels, mode, params):
+  loss = models._loss(labels, models._network(features))  # pylint: disable=protected-access
+  tf.compat.v1.summary.scalar('loss', loss)  # skipped, as on a TPU
+  text = tf.strings.as_string(loss)
+  loss += tf.strings.to_number(text) * 0.0  # XLA has no string kernels
+  del params
+  train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+      loss, global_step=tf.compat.v1.train.get_global_step())
+  return models._spec(mode, loss, train_op)  # pylint: disable=protected-access
+
+
+class XlaStepTest(tf.test.TestCase):
+
+  def test_figures(self):
+    result = _on_xla(models.adam_model_fn)
+    assignment = xla_dump.parse(result.assignment_path)
+    self.assertEqual(result.total_bytes, assignment.total_bytes)
+    # Inputs: _LOOP batches of 16 x 10 float32 features and int32 labels.
+    self.assertEqual(result.input_bytes, _LOOP * 16 * (10 * 4 + 4))
+    self.assertEqual(
+        result.step_bytes,
+        result.total_bytes - result.result_copy_bytes -
+        result.input_bytes * (_LOOP - 1) // _LOOP)
+    # The variables' new values (weights, Adam's two slots) are copies.
+    weights = (10 * 16 + 16 + 16 * 3 + 3) * 4
+    self.assertGreaterEqual(result.result_copy_bytes, 3 * weights)
+    self.assertEqual(result.loops, _LOOPS)
+    self.assertIsNotNone(result.seconds_per_step)
+
+  def test_an_op_xla_cannot_compile_names_the_program_line(self):
+    with self.assertRaises(xla_step.XlaCompileError) as caught:
+      _on_xla(_summary_then_string_model_fn)
+    message = str(caught.exception)
+    self.assertNotIn('\n', message)
+    self.assertRegex(message, r'AsString|StringToNumber')
+    self.assertIn('test_xla_step.py:', message)
+
+  def test_dynamic_shapes_are_refused(self):
+    def input_fn(params):
+      x, y = models._data()  # pylint: disable=protected-access
+      return tf.data.Dataset.from_tensor_slices(({'x': x}, y)).batch(
+          params['batch_size'])
+
+    with self.assertRaisesRegex(xla_step.XlaCompileError, 'drop_remainder'):
+      xla_step.train_loop_on_xla(models.adam_model_fn, input_fn,
+                                 batch_size=16, precision='float32')
+
+
+class BufferAssignmentTest(tf.test.TestCase):
+
+  def test_parse(self):
+    path = os.path.join(self.create_tempdir().full_path,
+                        'module_1.buffer-assignment.txt')
+    with open(path, 'w') as f:
+      f.write(textwrap.dedent('''\
+          BufferAssignment:
+          allocation 0: size 24576, parameter 0, shape |f32[3,32,64]| at ShapeIndex {}:
+           value: <187 arg0.1 @0> (size=24576,offset=0): f32[3,32,64]{2,1,0}
+          allocation 1: size 2560, maybe-live-out:
+           value: <173 fusion @0> (size=2560,offset=0): f32[64,10]{1,0}
+          allocation 2: size 2560, parameter 7, shape |f32[64,10]| at ShapeIndex {}:
+          allocation 3: size 56, output shape is |(f32[], f32[64,10])|, maybe-live-out:
+          allocation 4: size 1000, preallocated-temp:
+
+          Total bytes used: 30752 (30.0KiB)
+          '''))
+    parsed = xla_dump.parse(path)
+    self.assertEqual(parsed.total_bytes, 30752)
+    self.assertEqual(parsed.parameters(), [(0, 'f32[3,32,64]', 24576),
+                                           (7, 'f32[64,10]', 2560)])
+    self.assertEqual(parsed.result_copy_bytes(), 2560 + 56)
+
+  def test_not_an_assignment(self):
+    path = os.path.join(self.create_tempdir().full_path, 'x.txt')
+    with open(path, 'w') as f:
+      f.write('HloModule m\n')
+    with self.assertRaisesRegex(ValueError, 'Total bytes used'):
+      xla_dump.parse(path)
+
+  def test_nothing_dumped_says_why(self):
+    folder = self.create_tempdir().full_path
+    with self.assertRaisesRegex(RuntimeError, 'reads its flags once'):
+      xla_dump.new_assignments(folder, set())
+
+
+if __name__ == '__main__':
+  tf.test.main()
