@@ -28,6 +28,7 @@ from tensorflow.python.grappler import tf_optimizer
 from estimator_bf16.autocast import contexts as autocast_lib
 from estimator_bf16.estimator import calling
 from estimator_bf16.estimator import wrappers
+from estimator_bf16.memory import batch_dim
 from estimator_bf16.optimizers import registry as optimizers
 from estimator_bf16.precision import casting
 from estimator_bf16.precision import policy as precision_lib
@@ -171,15 +172,20 @@ def model_fn_step_builder(model_fn, precision, params, steps, recompute,
 
 
 def _placeholders(specs, batch_size, dtype):
-  """Placeholders of `[batch_size] + spec.shape` for a nest of specs."""
+  """Placeholders of a batch of `batch_size` for a nest of example specs.
+
+  The batch goes where the input pipeline has it: dimension 0 for a
+  `tf.TensorSpec`, `batch_axis` for a `batch_dim.ExampleSpec`.
+  """
   def make(spec):
-    spec_dtype = spec.dtype
+    example = batch_dim.as_example_spec(spec)
+    spec_dtype = example.dtype
     # The input pipeline casts floating features (eb.wrap_input_fn), so
     # they arrive in the compute dtype.
     if spec_dtype in casting.FLOATING_DTYPES:
       spec_dtype = dtype
-    return tf.compat.v1.placeholder(spec_dtype, [batch_size] +
-                                    spec.shape.as_list())
+    return tf.compat.v1.placeholder(spec_dtype,
+                                    example.batched_shape(batch_size))
   return tf.nest.map_structure(make, specs)
 
 
@@ -189,8 +195,9 @@ def build_step(builder, features, labels, precision, batch_size):
   Args:
     builder: `builder(features, labels, batch_size) -> (loss, train_op)`,
       from `model_fn_step_builder`.
-    features: nest of `tf.TensorSpec` of one example.
-    labels: `tf.TensorSpec` of one example's labels, or None.
+    features: nest of `tf.TensorSpec` or `batch_dim.ExampleSpec` of one
+      example.
+    labels: the same for one example's labels, or None.
     precision: 'float32' or 'bfloat16'.
     batch_size: int, the batch dimension of the placeholders.
 

@@ -50,6 +50,7 @@ import tensorflow as tf
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.estimator import tpu
 from estimator_bf16.estimator import wrappers
+from estimator_bf16.memory import batch_dim
 from estimator_bf16.memory import levers
 from estimator_bf16.memory import plan_build
 from estimator_bf16.memory import plan_simulate
@@ -171,13 +172,19 @@ class MemoryPlan:
 def input_specs(input_fn, params=None):
   """Returns (features, labels) specs of one example from an input_fn.
 
+  The batch dimension of each feature and label is found from the shapes
+  the input_fn yields at `params['batch_size']` (`batch_dim.example_specs`):
+  batch-last images (`[H, W, C, N]`, also flattened), and time-major
+  sequences (`[T, N]`) keep their layout in the planned graph.
+
   Args:
     input_fn: `input_fn(params)` returning a batched `tf.data.Dataset` of
       (features, labels).
     params: dict given to input_fn; `batch_size` defaults to 2.
 
   Returns:
-    (features, labels) nests of `tf.TensorSpec` without the batch dimension.
+    (features, labels) nests of `batch_dim.ExampleSpec`: one example's
+    shape and dtype, and where its batch dimension was.
   """
   params = dict({'batch_size': 2}, **(params or {}))
   with tf.Graph().as_default():
@@ -185,8 +192,8 @@ def input_specs(input_fn, params=None):
   if not (isinstance(spec, tuple) and len(spec) == 2):
     raise TypeError('input_fn must return a Dataset of (features, labels); '
                     'its elements are %s.' % (spec,))
-  drop_batch = lambda s: tf.TensorSpec(s.shape[1:], s.dtype)
-  return tuple(tf.nest.map_structure(drop_batch, part) for part in spec)
+  # Together: a flattened batch is recognised by the other part's batch.
+  return batch_dim.example_specs(spec, params['batch_size'])
 
 
 def memory_plan(model_fn=None, *, network_fn=None, features,
@@ -204,11 +211,12 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
   Args:
     model_fn: `(features, labels, mode[, params][, config])`.
     network_fn: a network function, instead of `model_fn`.
-    features: nest of `tf.TensorSpec` of ONE example (no batch dimension);
-      floating features enter the graph in the compute dtype, as when the
-      input pipeline casts them (`eb.wrap_input_fn`). `input_specs` reads
-      them from an input_fn.
-    labels: `tf.TensorSpec` of one example's labels, or None.
+    features: nest of specs of ONE example (no batch dimension): a
+      `tf.TensorSpec` gets the batch as dimension 0, a
+      `batch_dim.ExampleSpec` at its `batch_axis`. Floating features enter
+      the graph in the compute dtype, as when the input pipeline casts them
+      (`eb.wrap_input_fn`). `input_specs` reads them from an input_fn.
+    labels: spec of one example's labels, as `features`; or None.
     precision: 'float32' or 'bfloat16'.
     optimizer: with `network_fn`, one of `optimizers.OPTIMIZERS` or a function
       returning a `tf.compat.v1.train.Optimizer` (default 'adam'); must be

@@ -20,13 +20,18 @@ class TrainGraph:
   Attributes:
     model_fn: the program's own model_fn (unwrapped).
     params: the params it got, without TPUEstimator's own keys.
-    features, labels: nests of `tf.TensorSpec` of one example (no batch
-      dimension), as the input pipeline delivered them; labels may be None.
+    features, labels: nests of `memory.batch_dim.ExampleSpec` of one
+      example (shape without the batch, and where the batch goes), as the
+      input pipeline delivered them; labels may be None.
     variable_shapes: (name, shape list) of each trainable variable.
     batch_size: the batch the graph was built at, if static.
     use_tpu: whether its estimator trains on a TPU.
     accumulation_note: why the runner cannot split this estimator's batch
       into micro-batches (`--accumulate`), or None when it can.
+    input_fn: the input_fn the program passed to `train` (unwrapped), or
+      None.
+    config: the estimator's RunConfig, or None.
+    iterations_per_loop: the TPUEstimator's steps per device loop, or None.
   """
   model_fn: Any
   params: dict
@@ -36,6 +41,9 @@ class TrainGraph:
   batch_size: Optional[int]
   use_tpu: bool = False
   accumulation_note: Optional[str] = None
+  input_fn: Any = None
+  config: Any = None
+  iterations_per_loop: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -79,6 +87,9 @@ class RunResult:
       the program gave it, the micro-batch it trained at).
     fit: with `run --fit`, the `estimator_bf16.memory.fit.FitResult` whose
       chosen levers this run trained with; else None.
+    xla: with `check --xla`, a `runner.xla_check.XlaCheck`; else None.
+    xla_error: with `check --xla`, why the XLA step could not be built or
+      compiled (one line), else None.
   """
   program: str
   precision: str
@@ -104,6 +115,8 @@ class RunResult:
   kernels: str = 'auto'
   micro_batches: list = dataclasses.field(default_factory=list)
   fit: Any = None
+  xla: Any = None
+  xla_error: Optional[str] = None
 
   @property
   def problems(self):

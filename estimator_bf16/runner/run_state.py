@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.estimator import calling
+from estimator_bf16.memory import batch_dim
 from estimator_bf16.runner import results
 
 # TPUEstimator's own params; never passed on to the memory planner.
@@ -45,19 +46,6 @@ class TrainGraphBuilt(BaseException):
   """
 
 
-def _spec_of_example(tensor):
-  if not isinstance(tensor, tf.Tensor):
-    raise TypeError('the memory plan needs dense features; got %r' % (tensor,))
-  return tf.TensorSpec(tensor.shape[1:], tensor.dtype)
-
-
-def _static_batch(features):
-  for tensor in tf.nest.flatten(features):
-    if isinstance(tensor, tf.Tensor) and tensor.shape.rank:
-      return tensor.shape.as_list()[0]
-  return None
-
-
 class ProgramRun(object):
   """The options and bookkeeping of one program run.
 
@@ -83,6 +71,9 @@ class ProgramRun(object):
     self.result = result
     self.estimators = weakref.WeakSet()
     self.hooks = []
+    # What the newest `train` call got (`check --xla` builds from them).
+    self.train_input_fn = None
+    self.train_config = None
     self._scratch = None
 
   def scratch_dir(self):
@@ -149,10 +140,12 @@ class ProgramRun(object):
 
   def train_graph(self, model_fn, features, labels, params, facts):
     """A `TrainGraph` of the graph being built; specs None if not dense."""
+    batch = dict(params or {}).get('batch_size')
     try:
-      feature_specs = tf.nest.map_structure(_spec_of_example, features)
-      label_specs = (None if labels is None else
-                     tf.nest.map_structure(_spec_of_example, labels))
+      # Where each input's batch is (dimension 0, or last for
+      # tensorflow/tpu's transposed images) decides the plan's shapes.
+      feature_specs, label_specs = batch_dim.example_specs(
+          (features, labels), batch)
     except TypeError as e:
       feature_specs = label_specs = None
       self.result.plan_error = str(e)
@@ -162,7 +155,12 @@ class ProgramRun(object):
                 if k not in _TPU_PARAMS},
         variable_shapes=[(v.op.name, v.shape.as_list())
                          for v in tf.compat.v1.trainable_variables()],
-        batch_size=_static_batch(features), **facts)
+        batch_size=batch_dim.static_batch_size((features, labels), batch),
+        input_fn=self.train_input_fn,
+        config=self.train_config,
+        iterations_per_loop=getattr(
+            getattr(self.train_config, 'tpu_config', None),
+            'iterations_per_loop', None), **facts)
 
   def record_train_graph(self, loss):
     self.result.reports.append(eb.check_graph(strict=False, loss=loss))
