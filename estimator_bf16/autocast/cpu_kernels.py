@@ -26,7 +26,6 @@ import weakref
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.ops import control_flow_util
 
 from estimator_bf16.autocast import casts
 from estimator_bf16.autocast import gradients as autocast_gradients
@@ -36,6 +35,7 @@ from estimator_bf16.autocast import rounding
 from estimator_bf16.autocast import slots as slots_lib
 from estimator_bf16.autocast import state
 from estimator_bf16.platform import cpu_bfloat16
+from estimator_bf16.platform import xla_context
 
 # What `kernels` accepts: 'auto' substitutes the slow kernels of this CPU
 # kind, 'bfloat16' runs TensorFlow's own bfloat16 kernels everywhere.
@@ -106,9 +106,7 @@ def substitutes(op_type):
   """True if an `op_type` op with bfloat16 inputs is built in float32 here."""
   if state.STATE.kernels != 'auto' or op_type not in slow_ops():
     return False
-  graph = tf.compat.v1.get_default_graph()
-  context = graph._get_control_flow_context()  # pylint: disable=protected-access
-  if control_flow_util.GetContainingXLAContext(context) is not None:
+  if xla_context.in_xla_computation():
     return False  # a TPU or XLA computation: XLA picks its own kernels
   return not _gpu_visible()
 

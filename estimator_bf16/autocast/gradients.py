@@ -146,8 +146,12 @@ def _gradient_with_mask_recast(op, grad):
   gradient.
   """
   value, mask = op.inputs
+  # The boolean mask behind the forward cast; a copy of the op in a loop
+  # body (accumulation on a TPU) may read the cast through a capture.
+  source = (mask.op.inputs[0] if mask.op.type == 'Cast' and mask.op.inputs
+            else mask)
   with after_gradients([grad]):
-    mask = tf.cast(mask.op.inputs[0], grad.dtype)
+    mask = tf.cast(source, grad.dtype)
   grad_value = tf.math.multiply_no_nan(grad, mask)
   if not (value.shape.is_fully_defined() and
           value.shape == grad_value.shape):

@@ -34,8 +34,10 @@ What differs from the host version: batch norm's moving averages follow
 micro-batch 0 only (the copies compute the statistics of their own
 micro-batch for the forward pass but update nothing), the program's loss
 tensor is micro-batch 0's, and stateful ops other than random ones are
-not run for the other micro-batches. Random ops run again in the copies,
-so each micro-batch gets its own dropout mask.
+not run for the other micro-batches. Random ops that depend on the input
+(a dropout over `tf.shape(x)`) run again in the copies, so each micro-batch
+gets its own mask; one of a static shape is drawn once per update and
+shared by its micro-batches.
 
 Nothing here depends on the precision or on tf.estimator.
 """
@@ -43,49 +45,36 @@ Nothing here depends on the precision or on tf.estimator.
 import tensorflow as tf
 from tensorflow.python.ops import gradients_impl
 
+from estimator_bf16.memory import batch_dim
 from estimator_bf16.memory import op_copy
 from estimator_bf16.memory import recompute_path
 from estimator_bf16.precision import audit
 
 
-def batch_axis(shape, batch_size):
-  """The dimension of `shape` that holds the batch.
+def _batch_axis(tensor, batch_size):
+  """The dimension of `tensor` holding the batch (`batch_dim.batch_axis`)."""
+  axis = batch_dim.batch_axis(tensor.shape, batch_size)
+  if tensor.shape[axis] != batch_size:
+    raise ValueError(
+        'gradient accumulation on a TPU splits every input along its batch '
+        'dimension, but no dimension of the input %s (shape %s) is the '
+        'batch %d.' % (tensor.name, tensor.shape, batch_size))
+  return axis
 
-  The dimension whose size is `batch_size`: the first one if it is, else
-  the last (tensorflow/tpu's transposed HWCN images), else any other.
 
-  Args:
-    shape: a `tf.TensorShape` (fully defined where it matters).
-    batch_size: int, the batch the input was made at.
+def _micro_batch(tensor, axis, steps, index):
+  """Micro-batch `index` of `steps` along `axis` (index: int or tensor).
 
-  Returns:
-    int, the axis.
-
-  Raises:
-    ValueError: no dimension has the batch's size.
+  The batch dimension is split into `[steps, batch / steps]` and one entry
+  of the first gathered: XLA compiles that to a slice of the buffer, where
+  a `tf.slice` at a loop-dependent offset made it materialize a padded
+  copy of the whole input (seen: 16 times the input's bytes).
   """
-  dims = shape.as_list() if shape.rank is not None else []
-  if not dims:
-    raise ValueError('an input of shape %s has no batch dimension.' % shape)
-  order = [0, len(dims) - 1] + list(range(1, len(dims) - 1))
-  for axis in order:
-    if dims[axis] == batch_size:
-      return axis
-  raise ValueError('no dimension of an input of shape %s is the batch %d.' %
-                   (shape, batch_size))
-
-
-def _slice(tensor, axis, start, size):
-  """`size` entries of `tensor` from `start` along `axis` (start: tensor)."""
-  rank = tensor.shape.rank
-  begin = [0] * rank
-  begin[axis] = start
-  sizes = [-1] * rank
-  sizes[axis] = size
-  result = tf.slice(tensor, tf.stack(begin), sizes)
-  shape = tensor.shape.as_list()
-  shape[axis] = size
-  result.set_shape(shape)
+  dims = tensor.shape.as_list()
+  micro = dims[axis] // steps
+  split = tf.reshape(tensor, dims[:axis] + [steps, micro] + dims[axis + 1:])
+  result = tf.gather(split, index, axis=axis)
+  result.set_shape(dims[:axis] + [micro] + dims[axis + 1:])
   return result
 
 
@@ -120,9 +109,9 @@ class DeviceAccumulation(object):
     def first(tensor):
       if not isinstance(tensor, tf.Tensor):
         return tensor
-      axis = batch_axis(tensor.shape, batch_size)
+      axis = _batch_axis(tensor, batch_size)
       with tf.name_scope('micro_batch_0'):
-        micro = _slice(tensor, axis, 0, self.micro_batch)
+        micro = _micro_batch(tensor, axis, steps, 0)
       self._inputs.append((tensor, micro, axis))
       return micro
 
@@ -156,8 +145,10 @@ class DeviceAccumulation(object):
     graph = ys[0].graph
     x_tensors = [_x_tensor(x) for x in xs]
     region, handles = self._region(graph, ys, x_tensors)
-    sums = self._loop_sums(graph, region, handles, ys, grad_ys, first_grads,
-                           options, gradients_fn)
+    shapes = _value_shapes(handles, xs, recompute_path.in_graph(x_tensors,
+                                                                graph))
+    sums = self._loop_sums(region, handles, shapes, ys, grad_ys,
+                           first_grads, options, gradients_fn)
     with tf.name_scope('gradient_accumulation'):
       # The ys that do not depend on the input (a weight penalty given as
       # a separate loss) count in every micro-batch.
@@ -224,7 +215,7 @@ class DeviceAccumulation(object):
           seen.add(tensor.ref())
     return region, outside
 
-  def _loop_sums(self, graph, region, handles, ys, grad_ys, first_grads,
+  def _loop_sums(self, region, handles, shapes, ys, grad_ys, first_grads,
                  options, gradients_fn):
     """Builds the loop over micro-batches 1 .. K-1.
 
@@ -233,7 +224,6 @@ class DeviceAccumulation(object):
       the xs reach), the float32 sum of its gradients over those
       micro-batches (zeros when none reached it).
     """
-    shapes = [_value_shape(t) for t in handles]
     ordered = sorted(region, key=lambda o: o._id)  # pylint: disable=protected-access
     ys_inside = [y for y in ys if y.op in region]
     grad_ys_inside = ([grad_ys[n] for n, y in enumerate(ys) if y.op in region]
@@ -243,10 +233,8 @@ class DeviceAccumulation(object):
       # Tensors are not hashable in every graph (a function's): keyed by
       # their refs.
       copies = {}
-      start = i * self.micro_batch
       for effective, micro, axis in self._inputs:
-        copies[micro.ref()] = _slice(effective, axis, start,
-                                     self.micro_batch)
+        copies[micro.ref()] = _micro_batch(effective, axis, self.steps, i)
       # Each differentiable outside tensor enters the loop through an
       # identity, the point its gradient is taken at (a gradient through
       # the loop's own entry would be a gradient of the loop).
@@ -310,30 +298,21 @@ def _differentiable(tensor):
           dtype._is_ref_dtype)  # pylint: disable=protected-access
 
 
-def _value_shape(tensor):
-  """The shape of the values a gradient of `tensor` has."""
-  if tensor.dtype == tf.resource:
-    shape = _handle_shape(tensor)
-    if shape is None:
-      raise ValueError('gradient accumulation on a TPU: cannot tell the '
-                       'shape of the variable behind %s.' % tensor.name)
-    return shape
-  if not tensor.shape.is_fully_defined():
-    raise ValueError('gradient accumulation on a TPU needs static shapes; '
-                     '%s has shape %s.' % (tensor.name, tensor.shape))
-  return tensor.shape.as_list()
-
-
-def _handle_shape(handle):
-  """The static shape of the variable a resource handle refers to."""
-  op = handle.op
-  if op.type in ('VarHandleOp',) and 'shape' in op.node_def.attr:
-    return tf.TensorShape(op.get_attr('shape')).as_list()
-  for consumer in handle.consumers():
-    if consumer.type == 'ReadVariableOp' and (
-        consumer.outputs[0].shape.is_fully_defined()):
-      return consumer.outputs[0].shape.as_list()
-  return None
+def _value_shapes(handles, xs, inner_xs):
+  """The shape of each handle's gradient (static, as a TPU needs)."""
+  variables = {t.ref(): x for t, x in zip(inner_xs, xs)}
+  shapes = []
+  for tensor in handles:
+    if tensor.ref() in variables:
+      # A variable's handle or ref (a gathered embedding): its shape.
+      shape = variables[tensor.ref()].shape
+    else:
+      shape = tensor.shape
+    if not shape.is_fully_defined():
+      raise ValueError('gradient accumulation on a TPU needs static shapes; '
+                       '%s has shape %s.' % (tensor.name, shape))
+    shapes.append(shape.as_list())
+  return shapes
 
 
 def _dense(gradient):

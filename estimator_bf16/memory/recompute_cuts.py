@@ -20,6 +20,8 @@ with TF_ENABLE_ONEDNN_OPTS=0).
 
 import math
 
+import tensorflow as tf
+
 from estimator_bf16.autocast import op_lists
 from estimator_bf16.memory import recompute_path
 
@@ -156,10 +158,13 @@ def _forbidden_cuts(path):
           forbidden.update(range(p + 1, q + 1))
   first = {}
   last = {}
+  # Frames around the gradient call (TPUEstimator's training loop with
+  # control flow v1) hold the whole step: only the model's own count.
+  around = tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
   for index, op in enumerate(path):
     context = op._get_control_flow_context()  # pylint: disable=protected-access
     outermost = None
-    while context is not None:
+    while context is not None and context is not around:
       if context.IsWhileContext() or context.IsCondContext():
         outermost = context
       context = context.outer_context

@@ -53,24 +53,35 @@ def tensor_bytes(tensor):
   return element * count
 
 
-def _in_tf1_control_flow(op):
-  """True if `op` is inside a tf.compat.v1 cond or while_loop frame.
+def _in_tf1_control_flow(op, context):
+  """True if `op` is inside a tf.compat.v1 cond or while_loop of the model.
 
-  XLA/TPU replication contexts are control-flow contexts too, but every op
-  of a TPU model is in one; only cond and while frames matter here.
+  Frames around the gradient call itself (`context`: TPUEstimator's
+  training loop, with control flow v1) hold the whole step and do not
+  count. XLA/TPU replication contexts are control-flow contexts too; only
+  cond and while frames matter here.
   """
-  context = op._get_control_flow_context()  # pylint: disable=protected-access
-  while context is not None:
-    if context.IsWhileContext() or context.IsCondContext():
+  current = op._get_control_flow_context()  # pylint: disable=protected-access
+  while current is not None and current is not context:
+    if current.IsWhileContext() or current.IsCondContext():
       return True
-    context = context.outer_context
+    current = current.outer_context
   return False
 
 
-def _must_keep(op):
+# TF 1.x control-flow ops: a loop's entry of a value (a variable's handle
+# entering TPUEstimator's training loop) is part of the loop, not a
+# computation to repeat.
+_CONTROL_FLOW_OPS = frozenset(['Enter', 'RefEnter', 'Exit', 'RefExit',
+                               'Switch', 'RefSwitch', 'Merge', 'RefMerge',
+                               'NextIteration', 'RefNextIteration'])
+
+
+def _must_keep(op, context):
   """True if `op` must not be copied: its forward outputs are reused."""
   return (op._is_stateful or  # pylint: disable=protected-access
-          _in_tf1_control_flow(op) or
+          op.type in _CONTROL_FLOW_OPS or
+          _in_tf1_control_flow(op, context) or
           any(t.dtype._is_ref_dtype for t in op.inputs))  # pylint: disable=protected-access
 
 
@@ -169,12 +180,14 @@ def kept_ops(path, x_tensors):
   on_path = set(path)
   kept = set()
   random_like = set()  # Kept or derived from a stateful, non-read op.
+  # The control-flow frame the gradients are built in.
+  context = tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
   x_ops = set(t.op for t in x_tensors)
   for op in path:
     if op in x_ops:
       kept.add(op)
       continue
-    if _must_keep(op):
+    if _must_keep(op, context):
       kept.add(op)
       # A variable's read is a snapshot, not randomness: casts of it are
       # recomputed.

@@ -19,9 +19,11 @@ the end of the step, and their inputs pile up across all segments
 
 import tensorflow as tf
 from tensorflow.python.ops import gradients_impl
+from tensorflow.compiler.tf2xla.python import xla as tf2xla
 from tensorflow.python.util import object_identity
 
 from estimator_bf16.memory import op_copy
+from estimator_bf16.platform import xla_context
 
 
 def sum_gradients(grads):
@@ -85,7 +87,7 @@ def backprop(graph, chunks, kept, grads, x_tensors, ys, stop_tensors,
       # reaching this segment's outputs (see the module docstring).
       copies = _copy_segment(graph, chunk, kept,
                              _gradient_ops(incoming + later_grads),
-                             scope + '_forward')
+                             scope + '_forward', entries)
     # An x made inside the segment is an entry too, but its gradient here
     # is the total one.
     inside = object_identity.ObjectIdentitySet(
@@ -142,10 +144,13 @@ def _segment_gradients(copies, outputs, incoming, entries, inside,
   Returns:
     A list aligned with `entries` of gradients or None.
   """
-  stops = ([t for t in entries if t not in inside] +
+  # Under XLA the copies read the entries through a barrier (`copies`
+  # maps them): the gradients are taken where the copies read them.
+  stops = ([copies.get(t, t) for t in entries if t not in inside] +
            [copies.get(t, t) for t in stop_tensors])
   return gradients_impl.gradients(
-      [copies.get(t, t) for t in outputs], entries, grad_ys=incoming,
+      [copies.get(t, t) for t in outputs],
+      [copies.get(t, t) for t in entries], grad_ys=incoming,
       name=name, stop_gradients=stops, **kwargs)
 
 
@@ -168,7 +173,48 @@ def _gradient_ops(grads):
   return ops
 
 
-def _copy_segment(graph, segment, kept, wait_for, scope):
+def _behind_barrier(entries, wait_for):
+  """The segment's entries, released only with the later gradients (XLA).
+
+  XLA ignores control dependencies and merges identical computations, so
+  there the copies would be computed with (or as) the forward pass, and
+  nothing would be freed. An optimization barrier over the segment's
+  entries (the checkpoints it starts from) and the later segment's
+  gradients gives the copies inputs that XLA cannot tell from new values
+  and cannot have before those gradients exist (what JAX's
+  rematerialization does too). The gradients are taken at the barrier's
+  outputs, so none flows through it.
+
+  Args:
+    entries: the segment's inputs from earlier segments and the xs.
+    wait_for: list of tf.Operation, the later segment's gradient ops.
+
+  Returns:
+    An identity map {entry: the barrier's output}; empty when there is
+    nothing to hold back.
+  """
+  held = [t for t in entries if t.dtype != tf.resource]
+  waits = [op.outputs[0] for op in wait_for
+           if op.outputs and op.outputs[0].dtype != tf.resource]
+  mapping = object_identity.ObjectIdentityDictionary()
+  if not held or not waits:
+    return mapping
+  released = tf2xla.optimization_barrier(*(held + waits))
+  # XLA's CPU compiler drops optimization barriers before it merges equal
+  # computations; a data dependency it cannot remove keeps the copies
+  # apart and late there too: each entry plus zero times one element of
+  # every later gradient (a float multiply by zero is not simplified away,
+  # for NaN's sake). Depending on all of them, not one, also makes the later
+  # segment's weight gradients be computed first, which frees what they
+  # read.
+  anchor = tf.add_n([tf.cast(tf.reshape(w, [-1])[0], tf.float32)
+                     for w in released[len(held):]]) * 0
+  for tensor, output in zip(held, released):
+    mapping[tensor] = output + tf.cast(anchor, output.dtype)
+  return mapping
+
+
+def _copy_segment(graph, segment, kept, wait_for, scope, entries):
   """Copies the recomputable ops of `segment` into `graph`.
 
   Args:
@@ -177,11 +223,15 @@ def _copy_segment(graph, segment, kept, wait_for, scope):
     kept: set of tf.Operation that are not copied.
     wait_for: list of tf.Operation every first copy waits for.
     scope: name prefix of the copies, within the current name scope.
+    entries: the segment's inputs from earlier segments and the xs; under
+      XLA the copies read them through a barrier (`_behind_barrier`).
 
   Returns:
     dict {original tf.Tensor: copied tf.Tensor}.
   """
   copies = object_identity.ObjectIdentityDictionary()
+  if xla_context.in_xla_computation(graph):
+    copies.update(_behind_barrier(entries, wait_for))
   op_copies = {}
   for op in segment:
     if op in kept:

@@ -18,10 +18,11 @@ the step after its fusion, scheduling and buffer reuse.
 The figure, `XlaStep.step_bytes`, is the buffer assignment's `Total bytes
 used` less two things this CPU layout adds and a TPU's does not:
 
-  * the result buffers (`BufferAssignment.result_copy_bytes`): XLA here
-    writes the variables' new values into buffers of their own, next to
-    the variables passed in; a TPU program updates its variables where they
-    are, so it holds them once;
+  * the variables passed in (weights, optimizer slots): XLA here writes
+    their new values into result buffers of their own, which may also hold
+    temporaries during the step; a TPU program updates its variables where
+    they are, so it holds them once. The result buffers stay counted, the
+    parameters are left out (a parameter buffer is never shared);
   * all but one of the stacked input batches: a TPU dequeues one batch per
     step from the infeed, while here the loop gets all of its batches as
     arguments.
@@ -126,8 +127,10 @@ class XlaStep:
       the module docstring): variables, optimizer slots, one step's input
       and the step's buffers.
     total_bytes: int, the buffer assignment's `Total bytes used` as
-      compiled here (all stacked inputs, result copies included).
-    result_copy_bytes: int, the result buffers left out of `step_bytes`.
+      compiled here (all stacked inputs, variables and their new values).
+    variable_bytes: int, the variables passed in (weights, slots, the
+      global step), left out of `step_bytes`: the step's results hold their
+      new values, which a TPU writes over them.
     input_bytes: int, bytes of the stacked input batches passed in.
     iterations_per_loop: int, steps per compiled loop.
     loops: int, loops run.
@@ -141,7 +144,7 @@ class XlaStep:
   """
   step_bytes: int
   total_bytes: int
-  result_copy_bytes: int
+  variable_bytes: int
   input_bytes: int
   iterations_per_loop: int
   loops: int
@@ -186,7 +189,8 @@ def _stacked_batches(input_fn, params, config, iterations):
   for _ in range(iterations):
     # One after the other: the executor would otherwise run the reads in
     # any order, and the loop's steps would see the batches shuffled.
-    previous = tf.nest.flatten(batches[-1]) if batches else []
+    previous = [t for t in tf.nest.flatten(batches[-1]) if t is not None
+               ] if batches else []
     with tf.control_dependencies(previous):
       batches.append(_split(iterator.get_next()))
   for features, _ in batches:
@@ -196,23 +200,32 @@ def _stacked_batches(input_fn, params, config, iterations):
             'the input_fn gives features of shape %s: a TPU (and this XLA '
             'build) needs static shapes; batch with drop_remainder=True.' %
             tensor.shape)
-  stacked = tf.nest.map_structure(lambda *ts: tf.stack(ts),
-                                  *[b for b in batches])
-  return iterator.initializer, stacked[0], stacked[1]
+
+  def stack(*tensors):
+    return tf.stack(tensors)
+
+  features = tf.nest.map_structure(stack, *[f for f, _ in batches])
+  labels = (None if batches[0][1] is None else
+            tf.nest.map_structure(stack, *[l for _, l in batches]))
+  return iterator.initializer, features, labels
 
 
 def _loop(model_fn, params, config, iterations, features, labels):
   """The computation XLA compiles: `iterations` steps over the batches."""
-  flat = tf.nest.flatten((features, labels))
+  # tf.nest keeps None as a leaf: labels-free input passes features alone.
+  structure = features if labels is None else (features, labels)
+  flat = tf.nest.flatten(structure)
 
   def computation(*args):
-    stacked_features, stacked_labels = tf.nest.pack_sequence_as(
-        (features, labels), list(args))
+    packed = tf.nest.pack_sequence_as(structure, list(args))
+    stacked_features, stacked_labels = ((packed, None) if labels is None
+                                        else packed)
 
     def body(i, unused_loss):
-      step_features = tf.nest.map_structure(lambda t: t[i], stacked_features)
+      step_features = tf.nest.map_structure(lambda t: tf.gather(t, i), stacked_features)
       step_labels = (None if stacked_labels is None else
-                     tf.nest.map_structure(lambda t: t[i], stacked_labels))
+                     tf.nest.map_structure(lambda t: tf.gather(t, i),
+                                           stacked_labels))
       # Resource variables, as a TPU computation makes them: XLA cannot
       # compile reference variables.
       with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
@@ -350,7 +363,8 @@ def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
     with _one_core():
       loss = _loop(wrapped, run_params, config, iterations_per_loop,
                    features, labels)
-    input_tensors = tf.nest.flatten((features, labels))
+    input_tensors = [t for t in tf.nest.flatten((features, labels))
+                     if t is not None]
     init = [tf.compat.v1.global_variables_initializer(),
             tf.compat.v1.local_variables_initializer(),
             tf.compat.v1.tables_initializer(), initializer]
@@ -373,17 +387,18 @@ def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
       variables = dict(zip([v.op.name for v in found], session.run(found)))
   assignment = xla_dump.new_assignments(folder, before)[0]
   shapes = [_xla_shape(t) for t in input_tensors]
-  input_bytes = 0
+  input_bytes = variable_bytes = 0
   for _, shape, size in assignment.parameters():
     if shape in shapes:
       shapes.remove(shape)
       input_bytes += size
-  copies = assignment.result_copy_bytes()
+    else:
+      variable_bytes += size
   extra_inputs = input_bytes * (iterations_per_loop - 1) // iterations_per_loop
   loss_value = values[0] if isinstance(values, (list, tuple)) else values
   return XlaStep(
-      step_bytes=assignment.total_bytes - copies - extra_inputs,
-      total_bytes=assignment.total_bytes, result_copy_bytes=copies,
+      step_bytes=assignment.total_bytes - variable_bytes - extra_inputs,
+      total_bytes=assignment.total_bytes, variable_bytes=variable_bytes,
       input_bytes=input_bytes, iterations_per_loop=iterations_per_loop,
       loops=loops, loss=float(np.asarray(loss_value)), global_step=step,
       seconds_per_step=(float(np.median(times[1:])) / iterations_per_loop
