@@ -111,6 +111,11 @@ class BenchmarkConfig:
     fit_runs: (model name, batch, K) on which the planner is checked
       against the measured step for every lever combination
       (`benchmarks.levers.plan_accuracy`, the section 'fit').
+    xla_recompute_runs: (model name, batch) compiled by XLA with and
+      without recompute (the section 'xla_recompute').
+    xla_planner_runs: (model name, batch) compiled by XLA per lever
+      combination and precision, beside the plan (the section
+      'xla_planner').
     keras_window_steps: its steps per window.
     convergence_steps: (MNIST MLP steps, BERT steps) of the parity runs.
     convergence_bert_preset: BERT size of the parity run (synthetic task).
@@ -156,6 +161,14 @@ class BenchmarkConfig:
   convergence_steps: Tuple[int, int] = (300, 150)
   convergence_bert_preset: str = 'tiny'
   tpu_plans: Tuple[ModelSpec, ...] = ()
+  # XLA's buffer assignment of the compiled step (benchmarks/xla_levers.py):
+  # recompute on and off (model, batch), and the planner per lever
+  # combination (model, batch).
+  xla_recompute_runs: Tuple[Tuple[str, int], ...] = (
+      ('bert_base_seq128', 64), ('resnet50_224px', 32))
+  xla_planner_runs: Tuple[Tuple[str, int], ...] = (
+      ('mnist_mlp', 256), ('bert_style_mini_seq128', 32),
+      ('resnet50_224px', 32))
 
   def steps_per_window(self, name):
     return dict(self.window_steps).get(name, 5)

@@ -225,6 +225,37 @@ def fit_lines(results):
   return lines
 
 
+def xla_lines(results):
+  """The XLA tables for results.md (empty without the sections)."""
+  lines = []
+  rows = results.get('xla_recompute')
+  if rows:
+    lines += ['', '**Recompute as XLA compiles the step** (XLA\'s bytes for '
+              'one step from its buffer assignment, compiled on this CPU '
+              'inside a device loop; step time over the loops after the '
+              'compiling one):', '',
+              '| model | batch | precision | plain MiB | recompute MiB | '
+              'bytes ratio | time ratio |', '| --- | --- | --- | --- | --- | '
+              '--- | --- |']
+    for row in rows:
+      lines.append('| %s | %d | %s | %.0f | %.0f | %.2fx | %.2fx |' % (
+          row['model'], row['batch'], row['precision'], row['plain_mib'],
+          row['recompute_mib'], row['bytes_ratio'], row['time_ratio']))
+  rows = results.get('xla_planner')
+  if rows:
+    lines += ['', '**The planner against XLA** (bytes of one step; error = '
+              'planned / XLA - 1; K micro-batches of batch / K):', '',
+              '| model | batch | precision | levers | K | XLA MiB | planned '
+              'MiB | error |', '| --- | --- | --- | --- | --- | --- | --- | '
+              '--- |']
+    for row in rows:
+      lines.append('| %s | %d | %s | %s | %d | %.0f | %.0f | %+.1f%% |' % (
+          row['model'], row['batch'], row['precision'], row['levers'],
+          row['steps'], row['xla_mib'], row['planned_mib'],
+          100 * row['error']))
+  return lines
+
+
 def lever_lines(results):
   """The levers' tables for results.md (empty without the section)."""
   lever = results.get('levers')
@@ -581,6 +612,7 @@ def markdown(results):
   lines += _other_tables(results)
   lines += lever_lines(results)
   lines += fit_lines(results)
+  lines += xla_lines(results)
   lines += ['', 'Wall time %.0f s.' % results['seconds']['total']]
   return '\n'.join(lines) + '\n'
 

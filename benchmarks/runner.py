@@ -29,13 +29,16 @@ from benchmarks import planning
 from benchmarks import scaling
 from benchmarks import step_memory
 from benchmarks import throughput
+from benchmarks import xla_levers
+from estimator_bf16.memory import xla_dump
 
 PRECISIONS = ('float32', 'bfloat16')
 # float32, ours, and TensorFlow's oneDNN bfloat16 rewrite of the float32
 # graph (the peer).
 VARIANTS = PRECISIONS + (REWRITE,)
 SECTIONS = ('kernels', 'kernel_table', 'models', 'tpu_plans', 'overhead', 'build_overhead',
-            'keras', 'adafactor', 'convergence', 'scaling', 'levers', 'fit')
+            'keras', 'adafactor', 'convergence', 'scaling', 'levers', 'fit',
+            'xla_recompute', 'xla_planner')
 
 
 def _graph_row(report):
@@ -372,6 +375,9 @@ def adafactor_comparison(spec, model_result):
 def run(config, out_dir, sections=SECTIONS):
   """Runs the chosen sections of `config`; returns the results dict."""
   step_memory.check_allocator_stats()
+  if 'xla_recompute' in sections or 'xla_planner' in sections:
+    # Before anything compiles with XLA: its flags are read once.
+    xla_dump.enable()
   os.makedirs(out_dir, exist_ok=True)
   results = {'env': env_lib.describe(), 'mode': config.mode,
              'config': dataclasses.asdict(config), 'seconds': {}}
@@ -444,6 +450,14 @@ def run(config, out_dir, sections=SECTIONS):
         row for name, batch, steps in config.fit_runs
         for row in levers.plan_accuracy(config.model(name), batch, steps,
                                         cpu_upcast)])
+  if 'xla_recompute' in sections:
+    results['xla_recompute'] = timed('xla_recompute', lambda: [
+        xla_levers.recompute_rows(config.model(name), batch)
+        for name, batch in config.xla_recompute_runs])
+  if 'xla_planner' in sections:
+    results['xla_planner'] = timed('xla_planner', lambda: [
+        row for name, batch in config.xla_planner_runs
+        for row in xla_levers.planner_rows(config.model(name), batch)])
   if 'models' in results:
     results['planner'] = planner_summary(results['models'])
   results['env']['load_average_end'] = env_lib.load_average()

@@ -8,6 +8,7 @@ big batch compiled the same way and with the host version's checkpoints.
 """
 
 import contextlib
+import json
 import os
 import textwrap
 
@@ -16,11 +17,11 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.memory import device_accumulation
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.memory import xla_step
 from tensorflow.python.ops import control_flow_util
 from tests import test_accumulation as models
+from tests import test_runner
 
 _K = 4
 _LOOP = 2  # steps per compiled loop
@@ -149,16 +150,69 @@ class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
       _on_xla(models.adam_model_fn, steps=3)
 
 
+def _tanh_stack_model_fn(features, labels, mode, params):
+  """16 tanh layers: activations (batch x 256) outweigh the weights."""
+  del params
+  net = features['x']
+  for index in range(16):
+    net = tf.compat.v1.layers.dense(
+        net, 256, activation=tf.nn.tanh, name='layer_%d' % index,
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(
+            seed=index))
+  logits = tf.compat.v1.layers.dense(
+      net, 10, name='logits',
+      kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=99))
+  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+  train_op = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(
+      loss, global_step=tf.compat.v1.train.get_global_step())
+  return models._spec(mode, loss, train_op)  # pylint: disable=protected-access
+
+
+def _wide_input_fn(params):
+  rng = np.random.RandomState(5)
+  x = rng.randn(2 * params['batch_size'], 256).astype(np.float32)
+  y = rng.randint(0, 10, len(x)).astype(np.int32)
+  return tf.data.Dataset.from_tensor_slices(({'x': x}, y)).batch(
+      params['batch_size'], drop_remainder=True).repeat()
+
+
+class RecomputeOnXlaTest(tf.test.TestCase, parameterized.TestCase):
+  """Recompute survives XLA's compile: fewer bytes, the same training."""
+
+  @parameterized.named_parameters(('v1', 'v1'), ('v2', 'v2'))
+  def test_fewer_bytes_and_the_same_variables(self, flow):
+    with _control_flow(flow):
+      runs = {
+          recompute: xla_step.train_loop_on_xla(
+              _tanh_stack_model_fn, _wide_input_fn, batch_size=1024,
+              iterations_per_loop=2, loops=1, precision='float32',
+              recompute=recompute, return_variables=True)
+          for recompute in (False, True)}
+    # The 16 activations of 1 MiB each become about 8 checkpoints and one
+    # segment. Without the data dependencies that keep the copies apart,
+    # XLA merges them back into the forward pass (the ratio was 1.0-1.2).
+    self.assertLess(runs[True].step_bytes, 0.95 * runs[False].step_bytes)
+    for name in ('layer_0/kernel', 'layer_15/kernel', 'logits/kernel'):
+      self.assertAllClose(runs[False].variables[name],
+                          runs[True].variables[name], rtol=1e-5, atol=1e-5,
+                          msg=name)
+
+
 class BatchAxisTest(tf.test.TestCase):
 
-  def test_batch_first_then_last(self):
-    axis = device_accumulation.batch_axis
-    self.assertEqual(axis(tf.TensorShape([8, 28, 28]), 8), 0)
-    self.assertEqual(axis(tf.TensorShape([224, 224, 3, 8]), 8), 3)
-    self.assertEqual(axis(tf.TensorShape([128, 8, 4]), 8), 1)
-    self.assertEqual(axis(tf.TensorShape([8, 3, 8]), 8), 0)
-    with self.assertRaisesRegex(ValueError, 'is the batch 8'):
-      axis(tf.TensorShape([3, 4]), 8)
+  def test_an_input_without_the_batch_is_refused(self):
+    def input_fn(params):
+      x, y = models._data()  # pylint: disable=protected-access
+      dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
+          params['batch_size'], drop_remainder=True).repeat()
+      # Flattened: no dimension is the batch, so no micro-batch slices.
+      return dataset.map(lambda x, y: ({'x': tf.reshape(x, [-1])}, y))
+
+    with self.assertRaisesRegex(ValueError, r'no dimension of the input .* '
+                                r'is the batch 16'):
+      xla_step.train_loop_on_xla(
+          models.adam_model_fn, input_fn, batch_size=16, precision='float32',
+          gradient_accumulation_steps=_K)
 
   def test_transposed_images_accumulate_like_the_big_batch(self):
     def input_fn(params):
@@ -206,11 +260,13 @@ class XlaStepTest(tf.test.TestCase):
     self.assertEqual(result.input_bytes, _LOOP * 16 * (10 * 4 + 4))
     self.assertEqual(
         result.step_bytes,
-        result.total_bytes - result.result_copy_bytes -
+        result.total_bytes - result.variable_bytes -
         result.input_bytes * (_LOOP - 1) // _LOOP)
-    # The variables' new values (weights, Adam's two slots) are copies.
+    # Passed in: the weights, Adam's two slots and its beta powers, the
+    # global step and the learning rate's state.
     weights = (10 * 16 + 16 + 16 * 3 + 3) * 4
-    self.assertGreaterEqual(result.result_copy_bytes, 3 * weights)
+    self.assertGreaterEqual(result.variable_bytes, 3 * weights)
+    self.assertLess(result.variable_bytes, 3 * weights + 64)
     self.assertEqual(result.loops, _LOOPS)
     self.assertIsNotNone(result.seconds_per_step)
 
@@ -231,6 +287,66 @@ class XlaStepTest(tf.test.TestCase):
     with self.assertRaisesRegex(xla_step.XlaCompileError, 'drop_remainder'):
       xla_step.train_loop_on_xla(models.adam_model_fn, input_fn,
                                  batch_size=16, precision='float32')
+
+
+_BERT_STYLE = 'tests/tf1_programs/bert_style/tf1_run_classifier.py'
+
+_UNCOMPILABLE_PROGRAM = textwrap.dedent('''\
+    import tensorflow as tf
+
+    def input_fn(params):
+      x = tf.random.stateless_normal([64, 4], [1, 2])
+      y = tf.zeros([64], tf.int32)
+      return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+          params['batch_size'], drop_remainder=True)
+
+    def model_fn(features, labels, mode, params):
+      logits = tf.compat.v1.layers.dense(features, 2)
+      loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+      loss += 0.0 * tf.strings.to_number(tf.strings.as_string(loss))
+      train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+          loss, global_step=tf.compat.v1.train.get_global_step())
+      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss,
+                                                         train_op=train_op)
+
+    estimator = tf.compat.v1.estimator.tpu.TPUEstimator(
+        model_fn=model_fn, use_tpu=False, train_batch_size=8,
+        config=tf.compat.v1.estimator.tpu.RunConfig())
+    estimator.train(input_fn, max_steps=2)
+    ''')
+
+
+class CheckXlaCommandTest(tf.test.TestCase):
+
+  def test_check_xla_with_the_levers_on_a_tf1_program(self):
+    output = self.create_tempdir().full_path
+    report = os.path.join(output, 'report.json')
+    proc = test_runner._cli(  # pylint: disable=protected-access
+        'check', '--xla', '--accumulate=2', '--report=' + report,
+        _BERT_STYLE, '--output_dir=' + output, '--num_train_steps=8')
+    self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr[-3000:])
+    self.assertIn('XLA step (the TRAIN step compiled by XLA', proc.stdout)
+    self.assertRegex(proc.stdout, r'batch 32 per core')
+    self.assertRegex(proc.stdout, r'4 steps ran: loss [0-9.]+, global_step 4')
+    self.assertIn('result: OK', proc.stdout)
+    with open(report) as f:
+      data = json.load(f)
+    self.assertGreater(data['xla_step_bytes'], 0)
+    self.assertGreaterEqual(data['xla_total_bytes'], data['xla_step_bytes'])
+    self.assertIsNone(data['xla_error'])
+
+  def test_an_uncompilable_op_is_one_line_naming_the_program(self):
+    folder = self.create_tempdir().full_path
+    program = os.path.join(folder, 'uncompilable.py')
+    with open(program, 'w') as f:
+      f.write(_UNCOMPILABLE_PROGRAM)
+    proc = test_runner._cli('check', '--xla', program)  # pylint: disable=protected-access
+    self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr[-3000:])
+    lines = [l for l in proc.stdout.splitlines() if l.startswith('XLA step')]
+    self.assertLen(lines, 1)
+    self.assertRegex(lines[0], r'XLA step: PROBLEM, .*XLA cannot compile '
+                     r'(AsString|StringToNumber) .*uncompilable\.py:12')
+    self.assertIn('result: FAILED', proc.stdout)
 
 
 class BufferAssignmentTest(tf.test.TestCase):

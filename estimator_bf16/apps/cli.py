@@ -137,6 +137,12 @@ def build_parser():
     if name == 'run':
       command.add_argument('--memory', action='store_true',
                            help='measure the peak memory of a training step')
+    else:
+      command.add_argument(
+          '--xla', action='store_true',
+          help='also compile the TRAIN step with XLA on this CPU, inside a '
+          'device loop as on a TPU (use_tpu=True), run a few steps, and '
+          "print XLA's bytes for one step beside the plan")
     command.add_argument('program', metavar='PROGRAM.py')
     command.add_argument('program_args', nargs=argparse.REMAINDER,
                          metavar='ARGS', help="the program's own arguments")
@@ -224,6 +230,13 @@ def _set_environment(args):
     os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   if getattr(args, 'memory', False) or (args.command == 'run' and args.fit):
     os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
+  if getattr(args, 'xla', False):
+    # XLA reads its flags at its first compile: ask for the dump its
+    # buffer assignment is read from before the program can compile.
+    # pylint: disable=g-import-not-at-top
+    from estimator_bf16.memory import xla_dump
+    # pylint: enable=g-import-not-at-top
+    xla_dump.enable()
 
 
 def main(argv=None):
@@ -285,6 +298,12 @@ def main(argv=None):
         run_report.memory_plans,
         gradient_accumulation_steps=args.accumulate,
         recompute=args.recompute)
+  xla_fn = None
+  if getattr(args, 'xla', False):
+    # pylint: disable=g-import-not-at-top
+    from estimator_bf16.runner import xla_check
+    # pylint: enable=g-import-not-at-top
+    xla_fn = xla_check.xla_check
   try:
     result = runner.run_program(
         args.program, args.program_args, precision=args.precision,
@@ -293,7 +312,7 @@ def main(argv=None):
         tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
         gradient_accumulation_steps=args.accumulate,
         recompute=args.recompute, kernels=args.kernels,
-        plan_fn=plan_fn)
+        plan_fn=plan_fn, xla_fn=xla_fn)
   except runner.ProgramError as e:
     return _error(str(e))
   except KeyboardInterrupt:

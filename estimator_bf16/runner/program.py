@@ -93,10 +93,16 @@ def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
                        program)
 
 
+def _first_line(text, limit=300):
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  line = lines[0] if lines else text
+  return line if len(line) <= limit else line[:limit - 3] + '...'
+
+
 def run_program(program, args=(), precision='bfloat16', audit='strict',
                 exclude=(), memory=False, check=False, plan_fn=None,
                 tf1=None, tf1_paths=(), gradient_accumulation_steps=1,
-                recompute=False, kernels='auto'):
+                recompute=False, kernels='auto', xla_fn=None):
   """Runs `program` as `__main__` with its Estimators in `precision`.
 
   Args:
@@ -121,6 +127,9 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     recompute: recompute activations during backprop.
     kernels: 'auto' (ops whose bfloat16 kernel is slow on this CPU compute
       in float32; `eb.wrap_model_fn`) or 'bfloat16'.
+    xla_fn: in check mode, `xla_fn(train_graph, result) -> record` run
+      after `plan_fn`, in the same environment (`check --xla`); its result
+      goes to `RunResult.xla`, a failure's one-line reason to `xla_error`.
 
   Returns:
     A `RunResult`. The program's traceback (if it raised) is printed to
@@ -168,6 +177,11 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
         result.plans = plan_fn(result.train_graph)
       except Exception as e:  # pylint: disable=broad-except
         result.plan_error = '%s: %s' % (type(e).__name__, e)
+    if check and xla_fn is not None and result.train_graph is not None:
+      try:
+        result.xla = xla_fn(result.train_graph, result)
+      except Exception as e:  # pylint: disable=broad-except
+        result.xla_error = _first_line('%s: %s' % (type(e).__name__, e))
   result.peak_bytes = max([h.peak_bytes for h in run.hooks] or [0])
   result.train_peak_tensor_bytes = [h.tensor_peak_bytes for h in run.hooks]
   result.peak_tensor_bytes = max(result.train_peak_tensor_bytes or [0])

@@ -281,8 +281,10 @@ def report_json(result, budget_bytes=None, exit_code=None):
   'levers' ({'precision', 'gradient_accumulation_steps', 'recompute',
   'kernels'}: the run's, or with `check --fit` the chosen ones),
   'cpu_substituted_ops' ({op type: count} of the last TRAIN graph's ops
-  computed in float32 for slow bfloat16 CPU kernels), 'problems' (audit), and
-  with --fit 'fit' (every option). `exit_code` is the command's when
+  computed in float32 for slow bfloat16 CPU kernels), 'problems' (audit),
+  'xla_step_bytes', 'xla_total_bytes', 'xla_planned_bytes' and 'xla_error'
+  (with `check --xla`, else None: `runner.xla_check`), and with --fit 'fit'
+  (every option). `exit_code` is the command's when
   given (a check that found nothing fitting exits 1), else the program's.
   """
   fitted = result.fit
@@ -303,6 +305,13 @@ def report_json(result, budget_bytes=None, exit_code=None):
       'cpu_substituted_ops': (dict(result.reports[-1].cpu_substituted_ops)
                               if result.reports else {}),
   }
+  data['xla_error'] = result.xla_error
+  data['xla_step_bytes'] = data['xla_total_bytes'] = None
+  data['xla_planned_bytes'] = None
+  if result.xla is not None:
+    data['xla_step_bytes'] = result.xla.step.step_bytes
+    data['xla_total_bytes'] = result.xla.step.total_bytes
+    data['xla_planned_bytes'] = result.xla.planned_bytes
   if result.fit is not None:
     data['peak_step_bytes'] = fit_measured_bytes(result) or None
   if fitted is not None:
@@ -374,9 +383,61 @@ def _plan_table(plans):
 
 
 def check_passed(result):
-  """True when `check` found a TRAIN graph without audit problems."""
+  """True when `check` found a TRAIN graph without audit problems, and
+  planned its memory (`plan_error`) and compiled it with XLA
+  (`xla_error`) if asked."""
   return (result.train_graph is not None and result.error is None and
-          not result.problems)
+          not result.problems and result.plan_error is None and
+          result.xla_error is None)
+
+
+def xla_lines(result):
+  """What `check --xla` adds: XLA's bytes for one step, beside the plan."""
+  if result.xla_error is not None:
+    return ['XLA step: PROBLEM, %s' % result.xla_error]
+  check = result.xla
+  if check is None:
+    return []
+  step = check.step
+  own = ('' if check.iterations_per_loop is None else
+         '; the program runs %d per loop' % check.iterations_per_loop)
+  lines = [
+      'XLA step (the TRAIN step compiled by XLA on this CPU, inside a device '
+      'loop as on a TPU: %d steps per loop%s; batch %d per core):' % (
+          step.iterations_per_loop, own, check.batch_size),
+      '  %.1f MiB per step: the buffer assignment\'s %.1f MiB total, less '
+      '%.1f MiB of variables passed in (their new values stay counted: a TPU '
+      'holds them once) and %.1f MiB of the loop\'s other input batches' % (
+          step.step_bytes / MiB, step.total_bytes / MiB,
+          step.variable_bytes / MiB,
+          (step.total_bytes - step.variable_bytes - step.step_bytes)
+          / MiB)]
+  if check.planned_bytes:
+    lines.append('  planned: %.1f MiB (XLA %+.1f%% of the plan)' % (
+        check.planned_bytes / MiB,
+        100.0 * (step.step_bytes / check.planned_bytes - 1)))
+  elif check.plan_error:
+    lines.append('  planned: not available (%s)' % check.plan_error)
+  lines.append('  %d steps ran: loss %.4g, global_step %d. XLA on a CPU '
+               'does not pad to TPU tiles or schedule as a TPU does.' % (
+                   step.loops * step.iterations_per_loop, step.loss,
+                   step.global_step))
+  return lines
+
+
+def plan_problem_line(result, limit=240):
+  """One line naming why the memory plan could not be made, or None.
+
+  A plan that fails is a problem of the check, not a footnote: the
+  exception's first line (TensorFlow's messages run on), cut at `limit`.
+  """
+  if result.plan_error is None:
+    return None
+  lines = [line.strip() for line in str(result.plan_error).splitlines()]
+  reason = next((line for line in lines if line), 'no reason given')
+  if len(reason) > limit:
+    reason = reason[:limit - 3] + '...'
+  return 'memory plan: PROBLEM, it could not be made: %s' % reason
 
 
 def format_check_report(result, fit_requested=False):
@@ -424,7 +485,8 @@ def format_check_report(result, fit_requested=False):
     lines.append('Estimates without XLA fusion or padding: leave headroom. '
                  + BOARD_LINE)
   else:
-    lines.append('memory plan: not available (%s)' % result.plan_error)
+    lines.append(plan_problem_line(result) or 'memory plan: not available')
+  lines += xla_lines(result)
   passed = check_passed(result) and fit_passed(result, fit_requested)
   lines.append('result: %s' % ('OK' if passed else 'FAILED'))
   return '\n'.join(lines) + '\n'

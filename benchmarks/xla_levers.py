@@ -1,0 +1,82 @@
+"""The memory levers and the planner against XLA's own figures.
+
+Each row compiles one model's TRAIN step with XLA on this CPU, inside a
+device loop as TPUEstimator lays it out on a TPU (`memory.xla_step`), and
+reads XLA's bytes for one step from its buffer assignment. Two tables:
+
+  * `recompute_rows`: the same step with and without recompute, built and
+    run in one process, one after the other: XLA's bytes and the step time
+    (a ratio of medians over the loops after the compiling one);
+  * `planner_rows`: for each lever combination and precision, the
+    planner's bytes for the step (`planning.plan_model`) beside XLA's.
+
+XLA's CPU compiler is the stand-in for a TPU compile: it fuses and assigns
+buffers as XLA does, but keeps its own scheduler and pads nothing to TPU
+tiles. Its buffer assignment also moves by a few percent between processes
+for the same graph (seen on small models); within one process it repeats.
+"""
+
+from estimator_bf16.memory import xla_step
+from benchmarks import graphs
+from benchmarks import planning
+
+# Steps per compiled loop, and loops run (the first compiles).
+_LOOP_STEPS = 2
+_LOOPS = 3
+MiB = 2.0**20
+
+# The lever combinations of `planner_rows`: (name, K, recompute).
+LEVER_COMBINATIONS = (('plain', 1, False), ('accumulate', 4, False),
+                      ('recompute', 1, True), ('both', 4, True))
+
+
+def xla_step_of(spec, precision, batch_size, steps=1, recompute=False):
+  """XLA's build of `spec`'s step at `batch_size` per core (`XlaStep`)."""
+  return xla_step.train_loop_on_xla(
+      graphs.model_fn(spec), graphs.synthetic_input_fn(spec),
+      batch_size=batch_size, iterations_per_loop=_LOOP_STEPS, loops=_LOOPS,
+      precision=precision, gradient_accumulation_steps=steps,
+      recompute=recompute)
+
+
+def recompute_rows(spec, batch_size, precision='bfloat16'):
+  """Recompute's saving as XLA compiles the step.
+
+  Returns:
+    dict: 'model', 'batch', 'precision', 'plain_mib', 'recompute_mib',
+    'bytes_ratio' (recompute / plain), 'time_ratio' (seconds per step,
+    recompute / plain).
+  """
+  plain = xla_step_of(spec, precision, batch_size)
+  recomputed = xla_step_of(spec, precision, batch_size, recompute=True)
+  return {
+      'model': spec.name, 'batch': batch_size, 'precision': precision,
+      'plain_mib': plain.step_bytes / MiB,
+      'recompute_mib': recomputed.step_bytes / MiB,
+      'bytes_ratio': recomputed.step_bytes / plain.step_bytes,
+      'time_ratio': recomputed.seconds_per_step / plain.seconds_per_step,
+  }
+
+
+def planner_rows(spec, batch_size, precisions=('float32', 'bfloat16'),
+                 combinations=LEVER_COMBINATIONS):
+  """The planner's step bytes beside XLA's, per lever combination.
+
+  Returns:
+    list of dicts: 'model', 'batch', 'precision', 'levers', 'steps',
+    'xla_mib', 'planned_mib', 'error' (planned / XLA - 1).
+  """
+  rows = []
+  for precision in precisions:
+    for name, steps, recompute in combinations:
+      step = xla_step_of(spec, precision, batch_size, steps, recompute)
+      plan = planning.plan_model(spec, precision,
+                                 gradient_accumulation_steps=steps,
+                                 recompute=recompute)
+      planned = plan.step_bytes(batch_size)
+      rows.append({
+          'model': spec.name, 'batch': batch_size, 'precision': precision,
+          'levers': name, 'steps': steps, 'xla_mib': step.step_bytes / MiB,
+          'planned_mib': planned / MiB,
+          'error': planned / step.step_bytes - 1})
+  return rows

@@ -1,0 +1,93 @@
+"""`check --xla`: the program's TRAIN step compiled by XLA, beside its plan.
+
+After `check` has stopped the program at its first TRAIN graph, the same
+model_fn and input_fn are built again the way TPUEstimator builds them on a
+TPU (`params['use_tpu'] = True`, inside a device loop) and compiled by XLA
+on this CPU (`memory.xla_step`). The memory planner plans the same step, so
+the report can put the planner's figure beside XLA's own.
+"""
+
+import dataclasses
+from typing import Optional
+
+import estimator_bf16 as eb
+from estimator_bf16.memory import xla_step
+
+# Steps per compiled loop. One step's buffers do not depend on how many
+# steps the loop runs; two show that a step follows a step on the device.
+XLA_LOOP_STEPS = 2
+
+
+@dataclasses.dataclass
+class XlaCheck:
+  """The XLA build of a program's step and its plan.
+
+  Attributes:
+    step: the `xla_step.XlaStep`.
+    batch_size: int, the batch per core of one update.
+    planned_bytes: int, the planner's bytes for the same step, or None.
+    plan_error: why there is no plan, or None.
+    iterations_per_loop: the program's own steps per device loop, or None.
+  """
+  step: xla_step.XlaStep
+  batch_size: int
+  planned_bytes: Optional[int]
+  plan_error: Optional[str]
+  iterations_per_loop: Optional[int]
+
+
+def update_batch(train_graph, result):
+  """The batch per core of one update, as the program's estimator had it.
+
+  With host accumulation the runner gave the model_fn a micro-batch; the
+  TPU loop takes the update's batch and splits it itself.
+  """
+  batch = train_graph.batch_size
+  if not batch:
+    raise ValueError('the TRAIN graph has no static batch size; a TPU needs '
+                     'one: batch with drop_remainder=True.')
+  if result.micro_batches:
+    batch *= result.gradient_accumulation_steps
+  return batch
+
+
+def xla_check(train_graph, result):
+  """Builds, compiles and runs the program's step with XLA; plans it.
+
+  Args:
+    train_graph: a `runner.TrainGraph` (from check mode).
+    result: the `runner.RunResult` of the same run (its precision and
+      levers are the build's).
+
+  Returns:
+    An `XlaCheck`.
+
+  Raises:
+    ValueError: the program's `train` got no input_fn, or its batch is not
+      static.
+    xla_step.XlaCompileError: XLA cannot compile the step (one line).
+  """
+  if train_graph.input_fn is None:
+    raise ValueError('the program built its TRAIN graph outside `train`, so '
+                     'there is no input_fn to feed the XLA build.')
+  batch = update_batch(train_graph, result)
+  steps = result.gradient_accumulation_steps
+  step = xla_step.train_loop_on_xla(
+      train_graph.model_fn, train_graph.input_fn, batch_size=batch,
+      params=train_graph.params, config=train_graph.config,
+      iterations_per_loop=XLA_LOOP_STEPS, precision=result.precision,
+      gradient_accumulation_steps=steps, recompute=result.recompute)
+  planned = plan_error = None
+  if train_graph.features is not None:
+    try:
+      plan = eb.memory_plan(
+          train_graph.model_fn, features=train_graph.features,
+          labels=train_graph.labels, precision=result.precision,
+          params=train_graph.params, gradient_accumulation_steps=steps,
+          recompute=result.recompute)
+      planned = plan.step_bytes(batch)
+    except Exception as e:  # pylint: disable=broad-except
+      plan_error = '%s: %s' % (type(e).__name__, str(e).splitlines()[0])
+  return XlaCheck(step=step, batch_size=batch, planned_bytes=planned,
+                  plan_error=plan_error,
+                  iterations_per_loop=train_graph.iterations_per_loop)
