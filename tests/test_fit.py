@@ -341,10 +341,11 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
             if re.match(r'^\*?\s+(float32|bfloat16)\s+\d', line)]
     self.assertNotEmpty(rows)
     self.assertTrue(all('float32' in row for row in rows), rows)
-    # A TPU core's budget: accumulation needs use_tpu=False, so K is 1.
-    self.assertEqual({int(row.split()[-6]) for row in rows}, {1})
-    self.assertIn('No gradient accumulation: not planned for a TPU core',
-                  proc.stdout)
+    # A TPU core's budget plans accumulation too: the device loop runs the
+    # micro-batches inside each step.
+    self.assertIn('float32 + accumulation K x ', proc.stdout)
+    self.assertRegex(proc.stdout, r'\.\.\. and K = 2 to 32 .* also fit')
+    self.assertNotIn('No gradient accumulation', proc.stdout)
 
   @parameterized.named_parameters(
       ('unknown_device', ['--fit', '--device=tpu-v9'], 'tpu-v2, tpu-v3'),

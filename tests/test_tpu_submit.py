@@ -477,9 +477,9 @@ def _program(tmp_path):
   return folder / 'mnist_tpu.py'
 
 
-def _program_remote(*program_args, precision='bfloat16'):
+def _program_remote(*program_args, precision='bfloat16', levers=()):
   run = ['python3', '-m', 'estimator_bf16', 'run', '--precision=' + precision,
-         'mnist/mnist_tpu.py', *program_args]
+         *levers, 'mnist/mnist_tpu.py', *program_args]
   return ('python3 -m pip install --quiet --user --no-deps --force-reinstall '
           '%s tf-slim==1.1.0 && %s' % (PKG, shlex.join(run)))
 
@@ -514,6 +514,15 @@ def test_up_program_in_float32_then_deletes(gcloud, package, program):
       *PROGRAM_ARGS, precision='float32')
 
 
+def test_run_program_passes_the_fit_levers_on(gcloud, package, program):
+  # The row `check --fit --device=tpu-v3` chose: K=4 and recompute.
+  argv = _tpu('run', package=package, model_dir=None, program=str(program),
+              accumulate='4') + ['--recompute']
+  assert tpu_submit.main(argv + ['--'] + PROGRAM_ARGS) == 0
+  assert gcloud.calls()[-1][-1] == '--command=' + _program_remote(
+      *PROGRAM_ARGS, levers=('--accumulate=4', '--recompute'))
+
+
 def test_program_dry_run_prints_and_runs_nothing(gcloud, package, program,
                                                  capsys):
   argv = _tpu('run', package=package, model_dir=None, program=str(program),
@@ -539,16 +548,20 @@ def test_program_dry_run_prints_and_runs_nothing(gcloud, package, program,
      'float32'),
     (dict(program=None, precision='float32'), '--precision goes with '
      '--program'),
+    (dict(program=None, accumulate='4'), '--accumulate goes with '
+     '--program'),
+    (dict(accumulate='0'), '--accumulate=0: K is the number of'),
     (dict(args=['--model_dir=/home/me/model']),
      '--model_dir=/home/me/model after --: the TPU host cannot read'),
     (dict(args=['--use_tpu=false']), 'runs on a TPU VM to use its TPU'),
     (dict(big=True), 'holds more than 50 MiB'),
 ], ids=['missing', 'not-python', 'model-dir', 'precision', 'precision-alone',
-        'local-dir', 'no-tpu', 'big-folder'])
+        'accumulate-alone', 'accumulate-zero', 'local-dir', 'no-tpu',
+        'big-folder'])
 def test_program_validation_exits_2_without_gcloud(gcloud, package, program,
                                                    capsys, change, message):
   flags = dict(package=package, model_dir=None, program=str(program))
-  for key in ('program', 'model_dir', 'precision'):
+  for key in ('program', 'model_dir', 'precision', 'accumulate'):
     if key in change:
       value = change[key]
       flags[key] = (value.format(folder=program.parent)

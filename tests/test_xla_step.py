@@ -17,6 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.estimator import tpu as tpu_facts
+from estimator_bf16.memory import plan_simulate
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.memory import xla_step
 from tensorflow.python.ops import control_flow_util
@@ -347,6 +349,31 @@ class CheckXlaCommandTest(tf.test.TestCase):
     self.assertRegex(lines[0], r'XLA step: PROBLEM, .*XLA cannot compile '
                      r'(AsString|StringToNumber) .*uncompilable\.py:12')
     self.assertIn('result: FAILED', proc.stdout)
+
+
+class TilePaddingTest(tf.test.TestCase):
+
+  def test_two_minor_dimensions_are_padded(self):
+    tensor = tf.TensorSpec([3, 5, 10], tf.float32)
+    self.assertEqual(plan_simulate.tensor_bytes(tensor), 3 * 5 * 10 * 4)
+    self.assertEqual(plan_simulate.tensor_bytes(tensor, tpu_facts.TPU_TILE),
+                     3 * 8 * 128 * 4)
+    vector = tf.TensorSpec([200], tf.bfloat16)
+    self.assertEqual(plan_simulate.tensor_bytes(vector, tpu_facts.TPU_TILE),
+                     256 * 2)
+
+  def test_a_tpu_plan_counts_the_padding(self):
+    features = {'x': tf.TensorSpec([10], tf.float32)}
+    labels = tf.TensorSpec([], tf.int32)
+    plain = eb.memory_plan(models.adam_model_fn, features=features,
+                           labels=labels)
+    tiled = eb.memory_plan(models.adam_model_fn, features=features,
+                           labels=labels, tile=tpu_facts.TPU_TILE)
+    # [batch, 10] inputs and [batch, 16] activations become [batch, 128]:
+    # every per-example buffer is 8 to 12.8 times its size.
+    self.assertGreater(tiled.bytes_per_example, 7 * plain.bytes_per_example)
+    # The weights: [10, 16] -> [16, 128] is 12.8 x; the others likewise.
+    self.assertGreater(tiled.parameter_bytes, 5 * plain.parameter_bytes)
 
 
 class BufferAssignmentTest(tf.test.TestCase):

@@ -290,9 +290,9 @@ def main(argv=None):
   if budget is not None and not check:
     return _run_fit(args, budget, precisions, exclude)
   if budget is not None:
-    plan_fn = functools.partial(run_report.fit_plans, budget_bytes=budget,
-                                precisions=precisions,
-                                on_tpu=args.device is not None)
+    plan_fn = functools.partial(
+        run_report.fit_plans, budget_bytes=budget, precisions=precisions,
+        tpu=(args.device or '').startswith('tpu-'))
   elif check:
     plan_fn = functools.partial(
         run_report.memory_plans,

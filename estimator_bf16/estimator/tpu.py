@@ -54,6 +54,15 @@ def tpu_batch_error(batch, num_shards=None, num_cores_per_replica=None):
 # 8 x the per-core batch. The memory planner plans for these two.
 TPU_CORE_BYTES = (('v2', 8 * GiB), ('v3', 16 * GiB))
 
+# XLA lays a tensor out in a TPU's memory in tiles of 8 x 128 elements over
+# its two minor dimensions, padding each up to a whole number of tiles: the
+# last dimension to a multiple of 128, the one before to a multiple of 8
+# (Cloud TPU performance guide, "Tensor dimensions" / "Padding":
+# cloud.google.com/tpu/docs/performance-guide). XLA may choose another
+# layout for some tensors (convolutions); the planner pads the logical
+# shape.
+TPU_TILE = (8, 128)
+
 # Memory of one core or chip of every TPU `--device` a fit plans for: the
 # v2 and v3 cores above, and the v4 and v5p megacore chips and the v5e core
 # (one core a chip), from Google Cloud's TPU version pages

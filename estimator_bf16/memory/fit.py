@@ -245,19 +245,21 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
 
 
 def lever_plans(model_fn, *, features, labels, params=None,
-                precisions=precision_lib.PRECISIONS):
+                precisions=precision_lib.PRECISIONS, tile=None):
   """The plans `fit` needs: each precision with and without recompute.
 
   Args:
     model_fn, features, labels, params: as for `eb.memory_plan`.
     precisions: the precisions to plan.
+    tile: None, or a TPU's tile (`estimator.tpu.TPU_TILE`) for a TPU core's
+      budget (`eb.memory_plan`).
 
   Returns:
     {(precision, recompute): `MemoryPlan`}.
   """
   return {(precision, recompute): planner.memory_plan(
       model_fn, features=features, labels=labels, precision=precision,
-      params=params, recompute=recompute)
+      params=params, recompute=recompute, tile=tile)
           for precision in precisions for recompute in (False, True)}
 
 

@@ -29,6 +29,7 @@ from estimator_bf16.autocast import contexts as autocast_lib
 from estimator_bf16.estimator import calling
 from estimator_bf16.estimator import wrappers
 from estimator_bf16.memory import batch_dim
+from estimator_bf16.memory import plan_simulate
 from estimator_bf16.optimizers import registry as optimizers
 from estimator_bf16.precision import casting
 from estimator_bf16.precision import policy as precision_lib
@@ -61,7 +62,7 @@ class _Spec(collections.namedtuple('_Spec', ['loss', 'train_op',
   """The parts of an EstimatorSpec a planned TRAIN graph has."""
 
 
-def variable_bytes(graph=None):
+def variable_bytes(graph=None, tile=None):
   """Splits the bytes of a training graph's variables by role.
 
   Variables made after the gradients (the optimizer's `apply_gradients`
@@ -71,6 +72,8 @@ def variable_bytes(graph=None):
 
   Args:
     graph: a `tf.Graph` holding a training step; the default graph if None.
+    tile: None, or the (rows, lanes) a TPU pads each variable's two minor
+      dimensions to (`plan_simulate.tensor_bytes`).
 
   Returns:
     dict with int 'parameter_bytes', 'slot_bytes', 'state_bytes'.
@@ -98,8 +101,7 @@ def variable_bytes(graph=None):
       role = 'slot_bytes'
     else:
       role = 'state_bytes'
-    sizes[role] += (variable.shape.num_elements() *
-                    variable.dtype.base_dtype.size)
+    sizes[role] += plan_simulate.tensor_bytes(variable, tile)
   return sizes
 
 
@@ -189,7 +191,7 @@ def _placeholders(specs, batch_size, dtype):
   return tf.nest.map_structure(make, specs)
 
 
-def build_step(builder, features, labels, precision, batch_size):
+def build_step(builder, features, labels, precision, batch_size, tile=None):
   """Builds one training graph at `batch_size` and optimizes it.
 
   Args:
@@ -200,6 +202,7 @@ def build_step(builder, features, labels, precision, batch_size):
     labels: the same for one example's labels, or None.
     precision: 'float32' or 'bfloat16'.
     batch_size: int, the batch dimension of the placeholders.
+    tile: None, or the TPU tile its variables are padded to.
 
   Returns:
     A `Build`.
@@ -216,7 +219,7 @@ def build_step(builder, features, labels, precision, batch_size):
       loss, train_op = builder(feature_tensors, label_tensors, batch_size)
   fetches = tuple(t.op if isinstance(t, tf.Tensor) else t
                   for t in (loss, train_op))
-  build = Build(graph, fetches, **variable_bytes(graph))
+  build = Build(graph, fetches, **variable_bytes(graph, tile))
   return _optimized(build)
 
 

@@ -51,13 +51,30 @@ _PERSISTENT_OPS = frozenset(['Const', 'HostConst']) | op_lists.VARIABLE_OPS
 _NO_BYTES = (0.0, 0.0)
 
 
-def tensor_bytes(tensor):
-  """Bytes of a tensor with a static shape; 0 for resources and unknowns."""
+def tensor_bytes(tensor, tile=None):
+  """Bytes of a tensor with a static shape; 0 for resources and unknowns.
+
+  Args:
+    tensor: a tf.Tensor (or tf.Variable).
+    tile: None, or (rows, lanes): the two minor dimensions are padded up
+      to multiples of these, as XLA lays tensors out on a TPU
+      (`estimator.tpu.TPU_TILE`).
+  """
   dtype = tensor.dtype.base_dtype
   if dtype in (tf.resource, tf.variant, tf.string):
     return 0
-  elements = tensor.shape.num_elements()
-  return 0 if elements is None else elements * dtype.size
+  if not tensor.shape.is_fully_defined():
+    return 0
+  dims = tensor.shape.as_list()
+  if tile is not None and dims:
+    rows, lanes = tile
+    dims[-1] = -(-dims[-1] // lanes) * lanes
+    if len(dims) > 1:
+      dims[-2] = -(-dims[-2] // rows) * rows
+  elements = 1
+  for dim in dims:
+    elements *= dim
+  return elements * dtype.size
 
 
 def simulate(build, size_of):

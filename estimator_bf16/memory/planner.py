@@ -199,7 +199,7 @@ def input_specs(input_fn, params=None):
 def memory_plan(model_fn=None, *, network_fn=None, features,
                 labels=tf.TensorSpec([], tf.int32), precision='float32',
                 optimizer=None, params=None, batch_sizes=(8, 16),
-                gradient_accumulation_steps=1, recompute=False):
+                gradient_accumulation_steps=1, recompute=False, tile=None):
   """Estimates the memory of one training step on one device.
 
   Give either `model_fn` (a legacy Estimator/TPUEstimator model_fn; it
@@ -229,6 +229,10 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
     gradient_accumulation_steps: K, micro-batches per update (see
       `MemoryPlan`).
     recompute: plan the graph that recomputes activations in backprop.
+    tile: None, or (rows, lanes): every tensor and variable is counted
+      with its two minor dimensions padded up to multiples of these, as XLA
+      lays them out on a TPU (`estimator.tpu.TPU_TILE`; `--fit
+      --device=tpu-*` plans so). Keep `batch_sizes` multiples of `rows`.
 
   Returns:
     A `MemoryPlan`.
@@ -243,8 +247,9 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
   builder, optimizer_name = _step_builder(
       model_fn, network_fn, optimizer, precision, params,
       gradient_accumulation_steps, recompute)
-  builds = _build_twice(builder, features, labels, precision, batch_sizes)
-  lines, upcast_lines = _transient_lines(builds, batch_sizes)
+  builds = _build_twice(builder, features, labels, precision, batch_sizes,
+                        tile)
+  lines, upcast_lines = _transient_lines(builds, batch_sizes, tile)
   fixed, per_example = max(lines, key=lambda line: (line[1], line[0]))
   build1 = builds[0]
   return MemoryPlan(
@@ -295,7 +300,8 @@ def _step_builder(model_fn, network_fn, optimizer, precision, params,
   return builder, optimizer_name
 
 
-def _build_twice(builder, features, labels, precision, batch_sizes):
+def _build_twice(builder, features, labels, precision, batch_sizes,
+                 tile=None):
   """Returns a `plan_build.Build` for each of the two batch sizes."""
   builds = []
   # One segmentation for both builds, so that their tensors correspond.
@@ -306,28 +312,29 @@ def _build_twice(builder, features, labels, precision, batch_sizes):
     for batch in batch_sizes:
       next_build()
       builds.append(plan_build.build_step(builder, features, labels,
-                                          precision, batch))
+                                          precision, batch, tile))
   return builds
 
 
-def _transient_lines(builds, batch_sizes):
+def _transient_lines(builds, batch_sizes, tile=None):
   """The step's transient bytes as lines in the batch, from two builds.
 
   Args:
     builds: two `plan_build.Build`s, at `batch_sizes`.
     batch_sizes: the two int batch sizes.
+    tile: None, or the TPU tile tensors are padded to.
 
   Returns:
     (lines, upcast_lines): lists of (fixed, per_example) pairs, as in
     `MemoryPlan`.
   """
   (b1, build1), (b2, build2) = zip(batch_sizes, builds)
-  sizes = _linear_sizes(build1, build2, b1, b2)
+  sizes = _linear_sizes(build1, build2, b1, b2, tile)
   if sizes is not None:
     return plan_simulate.simulate(build1, sizes)
   # The two graphs differ beyond their shapes (batch-dependent Python
   # code): fall back to a line through the two simulated peaks.
-  static_size = lambda t: (float(plan_simulate.tensor_bytes(t)), 0.0)
+  static_size = lambda t: (float(plan_simulate.tensor_bytes(t, tile)), 0.0)
   peaks = [plan_simulate.simulate(build, static_size) for build in builds]
   envelopes = []
   for kind in (0, 1):
@@ -337,7 +344,7 @@ def _transient_lines(builds, batch_sizes):
   return tuple(envelopes)
 
 
-def _linear_sizes(build1, build2, b1, b2):
+def _linear_sizes(build1, build2, b1, b2, tile=None):
   """Returns `size(tensor) -> (fixed, per_example)` from two builds.
 
   None if the graphs do not have the same op names and output counts.
@@ -352,7 +359,8 @@ def _linear_sizes(build1, build2, b1, b2):
     if other is None or len(other.outputs) != len(op.outputs):
       return None
     for t1, t2 in zip(op.outputs, other.outputs):
-      s1, s2 = plan_simulate.tensor_bytes(t1), plan_simulate.tensor_bytes(t2)
+      s1 = plan_simulate.tensor_bytes(t1, tile)
+      s2 = plan_simulate.tensor_bytes(t2, tile)
       per_example = (s2 - s1) / float(b2 - b1)
       table[t1.name] = (s1 - per_example * b1, per_example)
   return lambda tensor: table[tensor.name]

@@ -14,15 +14,12 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
+from estimator_bf16.estimator import tpu as tpu_facts
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.precision import policy as precision_lib
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
-TPU_ACCUMULATION_NOTE = (
-    'not planned for a TPU core (--device): on a TPU the training loop runs '
-    'the steps on the device, so accumulation needs use_tpu=False; give '
-    '--memory_budget to plan CPUs and GPUs')
 BOARD_LINE = ('A v2-8 / v3-8 board has 8 cores; the global batch is 8x the '
               'per-core batch.')
 MiB = 2.0**20
@@ -156,11 +153,13 @@ def levers_line(result):
 
 
 def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
-              here=False, on_tpu=False):
+              here=False, tpu=False):
   """`--fit`: every lever combination for the program's batch.
 
   Accumulation is left out where the runner cannot split the estimator's
-  batch (`TrainGraph.accumulation_note`).
+  batch (`TrainGraph.accumulation_note`); on a TPU each step of the device
+  loop splits its batch itself (`memory.device_accumulation`), so a TPU
+  core's budget plans it too.
 
   Args:
     train_graph: a `runner.TrainGraph`; its static batch is the per-core
@@ -171,8 +170,8 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
     here: plan for training on this machine (`run --fit`): on a CPU that
       emulates bfloat16, with the float32 copies its matmuls make and the
       planner's wider margin there. False plans a TPU core (`check`).
-    on_tpu: the budget is a TPU core's (`--device`): accumulation is left
-      out, since it needs use_tpu=False.
+    tpu: the budget is a TPU core's (`--device=tpu-*`): tensors are planned
+      padded to the TPU's tiles (`estimator.tpu.TPU_TILE`).
 
   Returns:
     An `estimator_bf16.memory.fit.FitResult`.
@@ -187,7 +186,8 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
                               features=train_graph.features,
                               labels=train_graph.labels,
                               params=train_graph.params,
-                              precisions=precisions)
+                              precisions=precisions,
+                              tile=tpu_facts.TPU_TILE if tpu else None)
   upcast = (here and not train_graph.use_tpu and
             cpu_bfloat16.emulated_kernels())
   images = any(spec.dtype.is_floating and (spec.shape.rank or 0) >= 3
@@ -197,9 +197,18 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
       margin=(fit_lib.EMULATED_PLAN_MARGIN if upcast
               else fit_lib.PLAN_MARGIN),
       upcast=upcast,
-      accumulation_note=(TPU_ACCUMULATION_NOTE if on_tpu
-                         else train_graph.accumulation_note))
+      accumulation_note=train_graph.accumulation_note)
   return dataclasses.replace(result, image_input=images)
+
+
+def run_flags(option):
+  """The `run` (and `tpu_submit tpu-vm run`) flags of a fit option."""
+  flags = ['--precision=%s' % option.precision]
+  if option.gradient_accumulation_steps > 1:
+    flags.append('--accumulate=%d' % option.gradient_accumulation_steps)
+  if option.recompute:
+    flags.append('--recompute')
+  return flags
 
 
 def fit_lines(result):
@@ -220,6 +229,11 @@ def fit_lines(result):
     lines.append('chosen: %s, planned %.1f MiB of %.1f MiB (cost %.2f).' % (
         result.chosen.describe(), result.chosen.planned_bytes / MiB,
         result.budget_bytes / MiB, result.chosen.cost))
+    lines.append('to train with it: estimator_bf16 run %s PROGRAM.py ..., or '
+                 'on a TPU VM: tpu-submit tpu-vm run %s '
+                 '--program=PROGRAM.py -- ...' % (
+                     ' '.join(run_flags(result.chosen)),
+                     ' '.join(run_flags(result.chosen))))
   else:
     best = min(result.options, key=lambda o: o.planned_bytes)
     lines.append('nothing fits: the smallest plan, %s, needs %.1f MiB '
@@ -413,9 +427,9 @@ def xla_lines(result):
           (step.total_bytes - step.variable_bytes - step.step_bytes)
           / MiB)]
   if check.planned_bytes:
-    lines.append('  planned: %.1f MiB (XLA %+.1f%% of the plan)' % (
+    lines.append('  planned: %.1f MiB (%+.1f%% of XLA\'s figure)' % (
         check.planned_bytes / MiB,
-        100.0 * (step.step_bytes / check.planned_bytes - 1)))
+        100.0 * (check.planned_bytes / step.step_bytes - 1)))
   elif check.plan_error:
     lines.append('  planned: not available (%s)' % check.plan_error)
   lines.append('  %d steps ran: loss %.4g, global_step %d. XLA on a CPU '

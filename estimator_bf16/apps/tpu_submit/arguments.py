@@ -80,6 +80,14 @@ def _add_tpu_run(parser):
                        'estimator_bf16.apps.train_cli; then --model-dir is not used)')
   program.add_argument('--precision', help='bfloat16 (default) or float32 '
                        '(the program unchanged); only with --program')
+  program.add_argument('--accumulate', type=int, metavar='K',
+                       help='gradient accumulation inside the TPU loop: each '
+                       "update is K micro-batches of the program's "
+                       'train_batch_size / K (what `estimator_bf16 check '
+                       '--fit --device=tpu-...` chose); only with --program')
+  program.add_argument('--recompute', action='store_true', default=None,
+                       help='recompute activations in backprop; only with '
+                       '--program')
 
 
 def _subparsers(parser, dest):

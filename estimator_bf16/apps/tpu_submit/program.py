@@ -1,13 +1,15 @@
 """A user's own TPUEstimator program, run on a TPU VM by `estimator_bf16 run`.
 
-`tpu-vm run|up --program=PATH/main.py [--precision=...] -- PROGRAM ARGS`
-copies the program's folder (its sibling modules come along, as `python
+`tpu-vm run|up --program=PATH/main.py [--precision=...] [--accumulate=K]
+[--recompute] -- PROGRAM ARGS` copies the program's folder (its sibling modules come along, as `python
 main.py` needs them) to the home directory of every TPU host, next to the
 trainer package, and runs there
 
-    python3 -m estimator_bf16 run --precision=bfloat16 FOLDER/main.py ARGS
+    python3 -m estimator_bf16 run --precision=bfloat16 [--accumulate=K]
+        [--recompute] FOLDER/main.py ARGS
 
-with ARGS verbatim. The program's flags are its own: nothing is added to
+with ARGS verbatim (the levers `check --fit --device=tpu-...` chose go
+before the program). The program's flags are its own: nothing is added to
 them, so the checks here only refuse what cannot work on a TPU host.
 """
 
@@ -33,10 +35,14 @@ class Program:
     remote_path: the program's path on the host, relative to the home
       directory (`FOLDER/main.py`).
     precision: 'bfloat16' or 'float32', for `estimator_bf16 run`.
+    accumulate: K, micro-batches per update (1: none).
+    recompute: recompute activations in backprop.
   """
   local_dir: str
   remote_path: str
   precision: str
+  accumulate: int = 1
+  recompute: bool = False
 
 
 def _folder_bytes(folder, limit):
@@ -87,16 +93,25 @@ def plan(args):
   Raises:
     validation.UsageError: anything that would fail on the TPU host.
   """
+  accumulate = getattr(args, 'accumulate', None)
+  recompute = getattr(args, 'recompute', None)
   if args.program is None:
-    if args.precision is not None:
-      raise validation.UsageError(
-          '--precision goes with --program; for estimator_bf16.apps.train_cli pass '
-          '--precision=... after --.')
+    for flag, value in (('--precision', args.precision),
+                        ('--accumulate', accumulate),
+                        ('--recompute', recompute)):
+      if value is not None:
+        raise validation.UsageError(
+            '%s goes with --program; for estimator_bf16.apps.train_cli pass '
+            'its own flags after --.' % flag)
     return None
   precision = args.precision or 'bfloat16'
   if precision not in PRECISIONS:
     raise validation.UsageError('--precision=%s: use one of %s.' % (
         precision, ', '.join(PRECISIONS)))
+  if accumulate is not None and accumulate < 1:
+    raise validation.UsageError('--accumulate=%d: K is the number of '
+                                'micro-batches per update, an integer >= 1.'
+                                % accumulate)
   for flag, value in (('--model-dir', args.model_dir),
                       ('--data-dir', args.data_dir)):
     if value is not None:
@@ -123,7 +138,8 @@ def plan(args):
             path, folder, MAX_FOLDER_BYTES // 2**20))
   _check_program_args(args.trainer_args)
   return Program(folder, '%s/%s' % (os.path.basename(folder),
-                                    os.path.basename(path)), precision)
+                                    os.path.basename(path)), precision,
+                 accumulate or 1, bool(recompute))
 
 
 def scp_argv(gcloud, args, program):
@@ -135,6 +151,11 @@ def scp_argv(gcloud, args, program):
 
 def run_words(program, program_args):
   """The command that runs the program on the host (a list of words)."""
+  levers = []
+  if program.accumulate > 1:
+    levers.append('--accumulate=%d' % program.accumulate)
+  if program.recompute:
+    levers.append('--recompute')
   return ['python3', '-m', 'estimator_bf16', 'run',
-          '--precision=' + program.precision, program.remote_path,
+          '--precision=' + program.precision, *levers, program.remote_path,
           *program_args]
