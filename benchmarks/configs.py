@@ -16,7 +16,7 @@ builder function and an entry in `benchmarks.graphs.FAMILIES`.
 """
 
 import dataclasses
-from typing import Tuple
+from typing import Any, Tuple
 
 MiB = 2**20
 # The variant name of TensorFlow's oneDNN bfloat16 rewrite of the float32
@@ -67,6 +67,12 @@ class ModelSpec:
   memory_batch: int = 0
 
 
+# A ResNet-style net small enough to compile with XLA eight times in minutes.
+XLA_RESNET18_64PX = ModelSpec('resnet18_64px', 'resnet', batch_size=32,
+                              optimizer='momentum', resnet_depth=18,
+                              image_size=64, num_classes=10)
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchmarkConfig:
   """Run lengths and budgets of one benchmark mode.
@@ -113,8 +119,8 @@ class BenchmarkConfig:
       (`benchmarks.levers.plan_accuracy`, the section 'fit').
     xla_recompute_runs: (model name, batch) compiled by XLA with and
       without recompute (the section 'xla_recompute').
-    xla_planner_runs: (model name, batch) compiled by XLA per lever
-      combination and precision, beside the plan (the section
+    xla_planner_runs: (model name or `ModelSpec`, batch) compiled by XLA
+      per lever combination and precision, beside the plan (the section
       'xla_planner').
     keras_window_steps: its steps per window.
     convergence_steps: (MNIST MLP steps, BERT steps) of the parity runs.
@@ -166,9 +172,12 @@ class BenchmarkConfig:
   # combination (model, batch).
   xla_recompute_runs: Tuple[Tuple[str, int], ...] = (
       ('bert_base_seq128', 64), ('resnet50_224px', 32))
-  xla_planner_runs: Tuple[Tuple[str, int], ...] = (
+  # The MNIST MLP, the BERT-style mini model and a ResNet-18 at 64 px: the
+  # reference models, at sizes whose XLA builds take a minute or less here
+  # (eight builds each).
+  xla_planner_runs: Tuple[Tuple[Any, int], ...] = (
       ('mnist_mlp', 256), ('bert_style_mini_seq128', 32),
-      ('resnet50_224px', 32))
+      (XLA_RESNET18_64PX, 32))
 
   def steps_per_window(self, name):
     return dict(self.window_steps).get(name, 5)

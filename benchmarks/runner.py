@@ -456,8 +456,10 @@ def run(config, out_dir, sections=SECTIONS):
         for name, batch in config.xla_recompute_runs])
   if 'xla_planner' in sections:
     results['xla_planner'] = timed('xla_planner', lambda: [
-        row for name, batch in config.xla_planner_runs
-        for row in xla_levers.planner_rows(config.model(name), batch)])
+        row for model, batch in config.xla_planner_runs
+        for row in xla_levers.planner_rows(
+            config.model(model) if isinstance(model, str) else model,
+            batch)])
   if 'models' in results:
     results['planner'] = planner_summary(results['models'])
   results['env']['load_average_end'] = env_lib.load_average()
