@@ -72,12 +72,6 @@ def _on_xla(model_fn, steps=1, precision='float32', **kwargs):
       gradient_accumulation_steps=steps, return_variables=True, **kwargs)
 
 
-def _model_variables(values):
-  """The saved variables: no accumulation state, no XLA bookkeeping."""
-  return {name: value for name, value in values.items()
-          if 'gradient_accumulat' not in name}
-
-
 class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -90,8 +84,9 @@ class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
     # global_step counts updates: one per step of the device loop.
     self.assertEqual(big.global_step, _UPDATES)
     self.assertEqual(accumulated.global_step, _UPDATES)
-    first = _model_variables(big.variables)
-    second = _model_variables(accumulated.variables)
+    first, second = big.variables, accumulated.variables
+    # No variable of its own: a checkpoint is the same with and without
+    # accumulation, so K can change when a run resumes.
     self.assertEqual(sorted(first), sorted(second))
     moved = 0
     for variable in first:
