@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import textwrap
+import types
 
 from absl.testing import parameterized
 import numpy as np
@@ -21,6 +22,7 @@ from estimator_bf16.estimator import tpu as tpu_facts
 from estimator_bf16.memory import plan_simulate
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.memory import xla_step
+from estimator_bf16.runner import xla_check
 from tensorflow.python.ops import control_flow_util
 from tests import test_accumulation as models
 from tests import test_runner
@@ -369,6 +371,22 @@ class TilePaddingTest(tf.test.TestCase):
     self.assertGreater(tiled.bytes_per_example, 7 * plain.bytes_per_example)
     # The weights: [10, 16] -> [16, 128] is 12.8 x; the others likewise.
     self.assertGreater(tiled.parameter_bytes, 5 * plain.parameter_bytes)
+
+
+class LeversOfTest(tf.test.TestCase):
+
+  def test_fit_choice_wins_over_the_command(self):
+    chosen = types.SimpleNamespace(precision='float32',
+                                   gradient_accumulation_steps=4,
+                                   recompute=True)
+    with_fit = types.SimpleNamespace(
+        plans=types.SimpleNamespace(chosen=chosen), precision='bfloat16',
+        gradient_accumulation_steps=1, recompute=False)
+    self.assertEqual(xla_check.levers_of(with_fit), ('float32', 4, True))
+    plain = types.SimpleNamespace(plans={}, precision='bfloat16',
+                                  gradient_accumulation_steps=2,
+                                  recompute=False)
+    self.assertEqual(xla_check.levers_of(plain), ('bfloat16', 2, False))
 
 
 class BufferAssignmentTest(tf.test.TestCase):

@@ -415,10 +415,16 @@ def xla_lines(result):
   step = check.step
   own = ('' if check.iterations_per_loop is None else
          '; the program runs %d per loop' % check.iterations_per_loop)
+  levers = [check.precision]
+  if check.gradient_accumulation_steps > 1:
+    levers.append('accumulate %d' % check.gradient_accumulation_steps)
+  if check.recompute:
+    levers.append('recompute')
   lines = [
       'XLA step (the TRAIN step compiled by XLA on this CPU, inside a device '
-      'loop as on a TPU: %d steps per loop%s; batch %d per core):' % (
-          step.iterations_per_loop, own, check.batch_size),
+      'loop as on a TPU: %d steps per loop%s; batch %d per core; %s):' % (
+          step.iterations_per_loop, own, check.batch_size,
+          ' + '.join(levers)),
       '  %.1f MiB per step: the buffer assignment\'s %.1f MiB total, less '
       '%.1f MiB of variables passed in (their new values stay counted: a TPU '
       'holds them once) and %.1f MiB of the loop\'s other input batches' % (

@@ -28,12 +28,17 @@ class XlaCheck:
     planned_bytes: int, the planner's bytes for the same step, or None.
     plan_error: why there is no plan, or None.
     iterations_per_loop: the program's own steps per device loop, or None.
+    precision, gradient_accumulation_steps, recompute: the levers compiled
+      (the command's, or with `--fit` the chosen row's).
   """
   step: xla_step.XlaStep
   batch_size: int
   planned_bytes: Optional[int]
   plan_error: Optional[str]
   iterations_per_loop: Optional[int]
+  precision: str = 'bfloat16'
+  gradient_accumulation_steps: int = 1
+  recompute: bool = False
 
 
 def update_batch(train_graph, result):
@@ -49,6 +54,16 @@ def update_batch(train_graph, result):
   if result.micro_batches:
     batch *= result.gradient_accumulation_steps
   return batch
+
+
+def levers_of(result):
+  """(precision, K, recompute) to compile: `--fit`'s choice, else the run's."""
+  chosen = getattr(result.plans, 'chosen', None)
+  if chosen is not None:
+    return (chosen.precision, chosen.gradient_accumulation_steps,
+            chosen.recompute)
+  return (result.precision, result.gradient_accumulation_steps,
+          result.recompute)
 
 
 def xla_check(train_graph, result):
@@ -71,23 +86,25 @@ def xla_check(train_graph, result):
     raise ValueError('the program built its TRAIN graph outside `train`, so '
                      'there is no input_fn to feed the XLA build.')
   batch = update_batch(train_graph, result)
-  steps = result.gradient_accumulation_steps
+  precision, steps, recompute = levers_of(result)
   step = xla_step.train_loop_on_xla(
       train_graph.model_fn, train_graph.input_fn, batch_size=batch,
       params=train_graph.params, config=train_graph.config,
-      iterations_per_loop=XLA_LOOP_STEPS, precision=result.precision,
-      gradient_accumulation_steps=steps, recompute=result.recompute)
+      iterations_per_loop=XLA_LOOP_STEPS, precision=precision,
+      gradient_accumulation_steps=steps, recompute=recompute)
   planned = plan_error = None
   if train_graph.features is not None:
     try:
       plan = eb.memory_plan(
           train_graph.model_fn, features=train_graph.features,
-          labels=train_graph.labels, precision=result.precision,
+          labels=train_graph.labels, precision=precision,
           params=train_graph.params, gradient_accumulation_steps=steps,
-          recompute=result.recompute)
+          recompute=recompute)
       planned = plan.step_bytes(batch)
     except Exception as e:  # pylint: disable=broad-except
       plan_error = '%s: %s' % (type(e).__name__, str(e).splitlines()[0])
   return XlaCheck(step=step, batch_size=batch, planned_bytes=planned,
                   plan_error=plan_error,
-                  iterations_per_loop=train_graph.iterations_per_loop)
+                  iterations_per_loop=train_graph.iterations_per_loop,
+                  precision=precision, gradient_accumulation_steps=steps,
+                  recompute=recompute)
