@@ -197,6 +197,47 @@ class RecomputeOnXlaTest(tf.test.TestCase, parameterized.TestCase):
                           msg=name)
 
 
+def _raw_variable_model_fn(features, labels, mode, params):
+  """google-research/bert style: int ids, dtype-less get_variable, matmul."""
+  del params
+  table = tf.compat.v1.get_variable('table', [50, 8])
+  weights = tf.compat.v1.get_variable('weights', [8, 3])
+  embedded = tf.matmul(tf.one_hot(features['ids'], 50), table)
+  logits = tf.matmul(embedded, weights)
+  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+  train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+      loss, global_step=tf.compat.v1.train.get_global_step())
+  return models._spec(mode, loss, train_op)  # pylint: disable=protected-access
+
+
+class AutocastInLoopTest(tf.test.TestCase, parameterized.TestCase):
+  """The TPU loop's body is a function graph with control flow v2."""
+
+  @parameterized.named_parameters(('v1', 'v1'), ('v2', 'v2'))
+  def test_raw_variables_are_read_in_bfloat16_in_the_loop(self, flow):
+    graph = tf.Graph()
+    wrapped = eb.wrap_model_fn(_raw_variable_model_fn, 'bfloat16',
+                               audit='off')
+    with graph.as_default(), _control_flow(flow):
+      tf.compat.v1.train.get_or_create_global_step()
+      features = {'ids': tf.zeros([4], tf.int32)}
+      labels = tf.zeros([4], tf.int32)
+
+      def body(i):
+        spec = wrapped(features, labels, 'train', {}, None)
+        with tf.control_dependencies([spec.train_op]):
+          return i + 1
+
+      tf.compat.v1.while_loop(lambda i: i < 2, body, [0])
+    forward = [op for op in xla_step.all_ops(graph)
+               if op.type == 'MatMul' and 'gradients' not in op.name]
+    self.assertLen(forward, 2)
+    # The variables reach the body as captures (v2); they are still
+    # trainable variables, so the matmuls compute in bfloat16.
+    for op in forward:
+      self.assertEqual(op.inputs[1].dtype, tf.bfloat16, op.name)
+
+
 class BatchAxisTest(tf.test.TestCase):
 
   def test_an_input_without_the_batch_is_refused(self):

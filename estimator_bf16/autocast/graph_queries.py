@@ -26,6 +26,24 @@ def bfloat16_source(value):
   return None
 
 
+def captured_source(value):
+  """The outer tensor a function graph's placeholder `value` stands for.
+
+  With control flow v2 a loop body (TPUEstimator's training loop) is a
+  function graph, which reads a variable's handle through a placeholder
+  of its own (a capture).
+
+  Returns:
+    The captured tensor of the enclosing graph, or None when `value` is
+    not a capture.
+  """
+  graph = value.graph
+  for external, internal in getattr(graph, 'captures', ()):
+    if internal is value:
+      return external
+  return None
+
+
 def variable_read_source(value):
   """The float32 variable read that bfloat16 `value` is a cast of, or None.
 

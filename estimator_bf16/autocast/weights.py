@@ -84,10 +84,17 @@ def _reads_trainable_variable(value):
     return bool(value.trainable)
   if not isinstance(value, tf.Tensor):
     return False
-  for _ in range(4):
+  for _ in range(8):
     op = value.op
     if op.type in op_lists.VARIABLE_OPS:
       return op.name in _trainable_variable_ops(op.graph)
+    if op.type == 'Placeholder':
+      # Inside a loop body with control flow v2 the variable's handle is a
+      # capture: follow it out to the variable.
+      value = graph_queries.captured_source(value)
+      if value is None:
+        return False
+      continue
     if op.type not in op_lists.READ_THROUGH_OPS or not op.inputs:
       return False
     value = op.inputs[0]

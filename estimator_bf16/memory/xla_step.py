@@ -245,7 +245,7 @@ def _loop(model_fn, params, config, iterations, features, labels):
   return xla.compile(computation, inputs=flat)
 
 
-def _all_ops(graph):
+def all_ops(graph):
   """The ops of `graph` and of the function graphs of its loops and conds."""
   found = []
   stack = [graph]
@@ -280,7 +280,7 @@ def _one_line_failure(error, graph):
     if op is None and op_type is not None:
       # Inside the loop the op is in a function graph (the loop body's,
       # with control flow v2), named as that graph names it.
-      op = next((o for o in _all_ops(graph) if o.type == op_type and
+      op = next((o for o in all_ops(graph) if o.type == op_type and
                  (o.name == node or o.name.endswith('/' + node))), None)
     if op is not None:
       node = op.name
@@ -307,7 +307,8 @@ def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
 
   Args:
     model_fn: the program's model_fn, unmodified; built with
-      `params['use_tpu'] = True`, as on a TPU.
+      `params['use_tpu'] = True`, as on a TPU, and `params['precision']`,
+      as `eb.make_tpu_estimator` and the runner give it.
     input_fn: its input_fn, unmodified (its floating features are cast to
       the precision); called with `params['batch_size'] = batch_size`.
     batch_size: int, the batch of one step on one core (the effective batch
@@ -341,7 +342,9 @@ def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
       gradient_accumulation_steps=gradient_accumulation_steps,
       recompute=recompute)
   run_params = dict(params or {})
-  run_params.update(batch_size=batch_size, use_tpu=True)
+  # As the package's estimators and the runner pass them: model code that
+  # builds its network through `eb.build_network` reads the precision.
+  run_params.update(batch_size=batch_size, use_tpu=True, precision=precision)
   graph = tf.Graph()
   with graph.as_default():
     seed = getattr(config, 'tf_random_seed', None)
