@@ -225,34 +225,39 @@ def fit_lines(results):
   return lines
 
 
+def _table(title, columns, rows):
+  """A titled markdown table: `rows` are lists of cell strings."""
+  lines = ['', title, '', '| %s |' % ' | '.join(columns),
+           '|%s' % (' --- |' * len(columns))]
+  return lines + ['| %s |' % ' | '.join(cells) for cells in rows]
+
+
 def xla_lines(results):
   """The XLA tables for results.md (empty without the sections)."""
   lines = []
   rows = results.get('xla_recompute')
   if rows:
-    lines += ['', '**Recompute as XLA compiles the step** (XLA\'s bytes for '
-              'one step from its buffer assignment, compiled on this CPU '
-              'inside a device loop; step time over the loops after the '
-              'compiling one):', '',
-              '| model | batch | precision | plain MiB | recompute MiB | '
-              'bytes ratio | time ratio |', '| --- | --- | --- | --- | --- | '
-              '--- | --- |']
-    for row in rows:
-      lines.append('| %s | %d | %s | %.0f | %.0f | %.2fx | %.2fx |' % (
-          row['model'], row['batch'], row['precision'], row['plain_mib'],
-          row['recompute_mib'], row['bytes_ratio'], row['time_ratio']))
+    lines += _table(
+        '**Recompute as XLA compiles the step** (XLA\'s bytes for one step '
+        'from its buffer assignment, compiled on this CPU inside a device '
+        'loop; step time over the loops after the compiling one):',
+        ['model', 'batch', 'precision', 'plain MiB', 'recompute MiB',
+         'bytes ratio', 'time ratio'],
+        [[row['model'], '%d' % row['batch'], row['precision'],
+          '%.0f' % row['plain_mib'], '%.0f' % row['recompute_mib'],
+          '%.2fx' % row['bytes_ratio'], '%.2fx' % row['time_ratio']]
+         for row in rows])
   rows = results.get('xla_planner')
   if rows:
-    lines += ['', '**The planner against XLA** (bytes of one step; error = '
-              'planned / XLA - 1; K micro-batches of batch / K):', '',
-              '| model | batch | precision | levers | K | XLA MiB | planned '
-              'MiB | error |', '| --- | --- | --- | --- | --- | --- | --- | '
-              '--- |']
-    for row in rows:
-      lines.append('| %s | %d | %s | %s | %d | %.0f | %.0f | %+.1f%% |' % (
-          row['model'], row['batch'], row['precision'], row['levers'],
-          row['steps'], row['xla_mib'], row['planned_mib'],
-          100 * row['error']))
+    lines += _table(
+        '**The planner against XLA** (bytes of one step; error = planned / '
+        'XLA - 1; K micro-batches of batch / K):',
+        ['model', 'batch', 'precision', 'levers', 'K', 'XLA MiB',
+         'planned MiB', 'error'],
+        [[row['model'], '%d' % row['batch'], row['precision'],
+          row['levers'], '%d' % row['steps'], '%.0f' % row['xla_mib'],
+          '%.0f' % row['planned_mib'], '%+.1f%%' % (100 * row['error'])]
+         for row in rows])
   return lines
 
 

@@ -350,23 +350,37 @@ class _CrashInMicroStep(tf.compat.v1.train.SessionRunHook):
     return None
 
 
-def deep_model_fn(features, labels, mode, params):
-  """Eight dense layers, enough for recompute to cut into segments."""
-  del params
-  net = features['x']
-  for index in range(8):
-    net = tf.compat.v1.layers.dense(
-        net, 32, activation=tf.nn.relu, name='layer_%d' % index,
-        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(
-            seed=index))
-  logits = tf.compat.v1.layers.dense(
-      net, _CLASSES, name='logits',
-      kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=9))
-  loss = _loss(labels, logits)
-  global_step = tf.compat.v1.train.get_global_step()
-  train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
-      loss, global_step=global_step)
-  return _spec(mode, loss, train_op)
+def stacked_model_fn(layers, width, activation, optimizer):
+  """A model_fn of `layers` dense layers of `width`, then the logits.
+
+  Args:
+    layers, width: the stack.
+    activation: of each layer.
+    optimizer: `optimizer()` returns the `tf.compat.v1` optimizer.
+  """
+
+  def model_fn(features, labels, mode, params):
+    del params
+    net = features['x']
+    for index in range(layers):
+      net = tf.compat.v1.layers.dense(
+          net, width, activation=activation, name='layer_%d' % index,
+          kernel_initializer=tf.compat.v1.glorot_uniform_initializer(
+              seed=index))
+    logits = tf.compat.v1.layers.dense(
+        net, _CLASSES, name='logits',
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=99))
+    loss = _loss(labels, logits)
+    train_op = optimizer().minimize(
+        loss, global_step=tf.compat.v1.train.get_global_step())
+    return _spec(mode, loss, train_op)
+
+  return model_fn
+
+
+# Eight dense layers, enough for recompute to cut into segments.
+deep_model_fn = stacked_model_fn(
+    8, 32, tf.nn.relu, lambda: tf.compat.v1.train.AdamOptimizer(0.01))
 
 
 def ref_variables(model_fn):

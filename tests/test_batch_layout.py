@@ -44,6 +44,16 @@ def _image_input_fn(params):
   return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
 
+def _train_spec(logits, labels):
+  """Cross-entropy and Adam: the TRAIN spec both test models end with."""
+  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
+      labels, tf.cast(logits, tf.float32))
+  train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(
+      loss, tf.compat.v1.train.get_global_step())
+  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+      tf.estimator.ModeKeys.TRAIN, loss=loss, train_op=train_op)
+
+
 def _image_model_fn(features, labels, mode, params):
   """Two convolutions and a dense head; NHWC inside, like resnet_main."""
   del mode
@@ -61,12 +71,7 @@ def _image_model_fn(features, labels, mode, params):
                                      activation=tf.nn.relu)
   net = tf.reduce_mean(net, axis=[1, 2])
   logits = tf.compat.v1.layers.dense(net, _CLASSES)
-  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
-      labels, tf.cast(logits, tf.float32))
-  train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(
-      loss, tf.compat.v1.train.get_global_step())
-  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
-      tf.estimator.ModeKeys.TRAIN, loss=loss, train_op=train_op)
+  return _train_spec(logits, labels)
 
 
 def _text_input_fn(params):
@@ -93,12 +98,7 @@ def _text_model_fn(features, labels, mode, params):
   net = tf.compat.v1.layers.dense(net, 64, activation=tf.nn.relu)
   logits = tf.compat.v1.layers.dense(tf.reduce_mean(net, axis=time_axis),
                                      _CLASSES)
-  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
-      labels, tf.cast(logits, tf.float32))
-  train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(
-      loss, tf.compat.v1.train.get_global_step())
-  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
-      tf.estimator.ModeKeys.TRAIN, loss=loss, train_op=train_op)
+  return _train_spec(logits, labels)
 
 
 class BatchAxisTest(tf.test.TestCase, parameterized.TestCase):

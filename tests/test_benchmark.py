@@ -690,3 +690,29 @@ def test_the_program_cuts_timing_only_where_bfloat16_is_emulated(
     assert config.overhead_windows == quick.overhead_windows
   else:
     assert config == quick
+
+
+@pytest.mark.slow
+def test_xla_tables_are_the_quotients_they_name(tmp_path):
+  # The XLA sections at the MLP's size: a recompute row and the planner's
+  # eight lever/precision rows, with the figures each row is made of.
+  config = dataclasses.replace(
+      _tiny_config(), xla_recompute_runs=(('mnist_mlp', 64),),
+      xla_planner_runs=(('mnist_mlp', 64),))
+  results = runner.run(config, str(tmp_path), ('xla_recompute',
+                                               'xla_planner'))
+  (recompute,) = results['xla_recompute']
+  assert recompute['bytes_ratio'] == pytest.approx(
+      recompute['recompute_mib'] / recompute['plain_mib'])
+  assert _positive_finite(recompute['time_ratio'])
+  rows = results['xla_planner']
+  assert [(r['precision'], r['levers']) for r in rows] == [
+      (precision, levers) for precision in ('float32', 'bfloat16')
+      for levers in ('plain', 'accumulate', 'recompute', 'both')]
+  for row in rows:
+    assert _positive_finite(row['xla_mib'])
+    assert row['error'] == pytest.approx(
+        row['planned_mib'] / row['xla_mib'] - 1)
+  lines = report.xla_lines(results)
+  assert '**The planner against XLA**' in '\n'.join(lines)
+  assert len([l for l in lines if l.startswith('| mnist_mlp')]) == 9

@@ -149,28 +149,16 @@ class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
       _on_xla(models.adam_model_fn, steps=3)
 
 
-def _tanh_stack_model_fn(features, labels, mode, params):
-  """16 tanh layers: activations (batch x 256) outweigh the weights."""
-  del params
-  net = features['x']
-  for index in range(16):
-    net = tf.compat.v1.layers.dense(
-        net, 256, activation=tf.nn.tanh, name='layer_%d' % index,
-        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(
-            seed=index))
-  logits = tf.compat.v1.layers.dense(
-      net, 10, name='logits',
-      kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=99))
-  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
-  train_op = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(
-      loss, global_step=tf.compat.v1.train.get_global_step())
-  return models._spec(mode, loss, train_op)  # pylint: disable=protected-access
+# 16 tanh layers: activations (batch x 256) outweigh the weights.
+_tanh_stack_model_fn = models.stacked_model_fn(
+    16, 256, tf.nn.tanh,
+    lambda: tf.compat.v1.train.GradientDescentOptimizer(0.01))
 
 
 def _wide_input_fn(params):
   rng = np.random.RandomState(5)
   x = rng.randn(2 * params['batch_size'], 256).astype(np.float32)
-  y = rng.randint(0, 10, len(x)).astype(np.int32)
+  y = rng.randint(0, models._CLASSES, len(x)).astype(np.int32)  # pylint: disable=protected-access
   return tf.data.Dataset.from_tensor_slices(({'x': x}, y)).batch(
       params['batch_size'], drop_remainder=True).repeat()
 
