@@ -369,7 +369,8 @@ def stacked_model_fn(layers, width, activation, optimizer):
               seed=index))
     logits = tf.compat.v1.layers.dense(
         net, _CLASSES, name='logits',
-        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=99))
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(
+            seed=layers + 1))
     loss = _loss(labels, logits)
     train_op = optimizer().minimize(
         loss, global_step=tf.compat.v1.train.get_global_step())

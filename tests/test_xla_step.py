@@ -420,6 +420,20 @@ class LeversOfTest(tf.test.TestCase):
 
 class BufferAssignmentTest(tf.test.TestCase):
 
+  def test_a_file_written_again_counts_as_new(self):
+    folder = self.create_tempdir().full_path
+    path = os.path.join(folder, 'module_7.cpu-buffer-assignment.txt')
+    with open(path, 'w') as f:
+      f.write('allocation 0: size 8, constant:\nTotal bytes used: 8\n')
+    before = xla_dump.assignment_files(folder)
+    # Another process compiled the same module: same name, new contents.
+    with open(path, 'w') as f:
+      f.write('allocation 0: size 16, constant:\nTotal bytes used: 16\n')
+    os.utime(path, ns=(before[path] + 10**9, before[path] + 10**9))
+    (found,) = xla_dump.new_assignments(folder, before)
+    self.assertEqual(found.total_bytes, 16)
+
+
   def test_parse(self):
     path = os.path.join(self.create_tempdir().full_path,
                         'module_1.buffer-assignment.txt')
@@ -452,7 +466,7 @@ class BufferAssignmentTest(tf.test.TestCase):
   def test_nothing_dumped_says_why(self):
     folder = self.create_tempdir().full_path
     with self.assertRaisesRegex(RuntimeError, 'reads its flags once'):
-      xla_dump.new_assignments(folder, set())
+      xla_dump.new_assignments(folder, {})
 
 
 if __name__ == '__main__':

@@ -66,11 +66,23 @@ def enable():
 
 
 def assignment_files(folder):
-  """The buffer-assignment files in `folder` (a set of paths)."""
+  """The buffer-assignment files in `folder`: {path: modification time}.
+
+  The time counts: a module compiled again (the same graph in another
+  process sharing the folder, e.g. a child of the test run) is dumped
+  under the same name, over the older file.
+  """
   if not os.path.isdir(folder):
-    return set()
-  return {os.path.join(folder, name) for name in os.listdir(folder)
-          if name.endswith(_SUFFIX)}
+    return {}
+  found = {}
+  for name in os.listdir(folder):
+    if name.endswith(_SUFFIX):
+      path = os.path.join(folder, name)
+      try:
+        found[path] = os.stat(path).st_mtime_ns
+      except FileNotFoundError:
+        continue
+  return found
 
 
 @dataclasses.dataclass
@@ -166,8 +178,7 @@ def new_assignments(folder, before):
 
   Args:
     folder: str, from `enable`.
-    before: set of paths, `assignment_files(folder)` taken before the
-      compile.
+    before: `assignment_files(folder)` taken before the compile.
 
   Returns:
     A list of `BufferAssignment`, largest total first.
@@ -176,7 +187,8 @@ def new_assignments(folder, before):
     RuntimeError: nothing new was dumped, because XLA read its flags
       before `enable` ran.
   """
-  added = sorted(assignment_files(folder) - set(before))
+  added = sorted(path for path, written in assignment_files(folder).items()
+                 if before.get(path) != written)
   if not added:
     raise RuntimeError(
         'XLA compiled without writing a buffer assignment: this process '
