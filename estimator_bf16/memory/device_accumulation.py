@@ -47,6 +47,7 @@ from tensorflow.python.ops import gradients_impl
 
 from estimator_bf16.memory import batch_dim
 from estimator_bf16.memory import op_copy
+from estimator_bf16.memory import recompute
 from estimator_bf16.memory import recompute_path
 from estimator_bf16.precision import audit
 
@@ -143,7 +144,7 @@ class DeviceAccumulation(object):
     """
     gradients_fn = gradients_fn or gradients_impl.gradients
     graph = ys[0].graph
-    x_tensors = [_x_tensor(x) for x in xs]
+    x_tensors = [recompute.x_tensor(x) for x in xs]
     region, handles = self._region(graph, ys, x_tensors)
     shapes = _value_shapes(handles, xs, recompute_path.in_graph(x_tensors,
                                                                 graph))
@@ -282,14 +283,6 @@ class DeviceAccumulation(object):
           grad = tf.cast(_dense(grad), tf.float32)
           chained[n] = grad if chained[n] is None else chained[n] + grad
     return chained
-
-
-def _x_tensor(x):
-  """What `tf.gradients` differentiates for variable `x`."""
-  handle = getattr(x, 'handle', None)
-  if handle is not None and handle.dtype == tf.resource:
-    return handle
-  return x._ref()  # pylint: disable=protected-access
 
 
 def _differentiable(tensor):

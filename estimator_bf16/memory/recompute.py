@@ -190,7 +190,7 @@ def _recompute_gradients(graph, ys, xs, grad_ys, segments, name, kwargs,
       _as_list(kwargs.pop('stop_gradients', None)))
   # As the ops being differentiated read them (inside a loop body with
   # control flow v2, through captures).
-  x_tensors = recompute_path.in_graph([_x_tensor(x) for x in xs], graph)
+  x_tensors = recompute_path.in_graph([x_tensor(x) for x in xs], graph)
   path = recompute_path.path_ops(ys, x_tensors, stop_tensors)
   kept = recompute_path.kept_ops(path, x_tensors)
   cuts = _LOCAL.cuts(lambda: recompute_cuts.choose_cuts(path, kept,
@@ -256,7 +256,7 @@ def _as_list(value):
   return [value]
 
 
-def _x_tensor(x):
+def x_tensor(x):
   """The tensor `tf.gradients` differentiates with respect to for `x`."""
   if _is_resource_variable(x):
     return x.handle
