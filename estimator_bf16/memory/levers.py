@@ -32,7 +32,9 @@ from tensorflow.python.ops import gradients as gradients_module
 
 from estimator_bf16.estimator import calling
 from estimator_bf16.memory import accumulation
+from estimator_bf16.memory import batch_dim
 from estimator_bf16.memory import device_accumulation
+from estimator_bf16.memory import recompute
 from estimator_bf16.platform import patching
 
 
@@ -94,8 +96,6 @@ def _gradients_in_levers(original):
     _LOCAL.inside += 1
     try:
       if levers.recompute:
-        # Imported here: recompute is only needed when asked for.
-        from estimator_bf16.memory import recompute  # pylint: disable=g-import-not-at-top
         gradients_fn = recompute.gradients_with_recompute
         # Under TensorFlow's own name scope, where the audit and the
         # planner look for the backward pass.
@@ -162,15 +162,12 @@ def check_levers(gradient_accumulation_steps=1, recompute=False):
 
 def _batch_size(params, features):
   """The batch of one step's input: params['batch_size'], or dimension 0."""
-  batch = (params or {}).get('batch_size')
-  if batch:
-    return batch
-  for tensor in tf.nest.flatten(features):
-    if isinstance(tensor, tf.Tensor) and tensor.shape.rank:
-      if tensor.shape[0] is not None:
-        return int(tensor.shape[0])
-  raise ValueError('gradient accumulation on a TPU needs the batch: give '
-                   "params['batch_size'] or inputs of a static batch.")
+  batch = ((params or {}).get('batch_size') or
+           batch_dim.static_batch_size(features, None))
+  if not batch:
+    raise ValueError('gradient accumulation on a TPU needs the batch: give '
+                     "params['batch_size'] or inputs of a static batch.")
+  return batch
 
 
 def _spec_with(spec, train_op, hook):
