@@ -13,14 +13,22 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 # XLA reads its flags at its first compile, and any test may be the first in
 # a worker: the XLA-step tests need its buffer-assignment dump, so every
 # compile of the test process is dumped, into a folder removed at exit
-# (`estimator_bf16.memory.xla_dump.enable` then uses it).
-if '--xla_dump_to=' not in os.environ.get('XLA_FLAGS', ''):
+# (`estimator_bf16.memory.xla_dump.enable` then uses it). Each process gets
+# its own folder: pytest-xdist's workers inherit the environment of the
+# process that loaded this file first, and a shared folder would show one
+# worker's compiles to another.
+_MARK = 'ESTIMATOR_BF16_TEST_XLA_DUMP'
+_flags = os.environ.get('XLA_FLAGS', '').split()
+if os.environ.get(_MARK):
+  _flags = [f for f in _flags if f != '--xla_dump_to=' + os.environ[_MARK]]
+if not any(f.startswith('--xla_dump_to=') for f in _flags):
   _XLA_DUMP = tempfile.mkdtemp(prefix='estimator_bf16_test_xla_')
   atexit.register(shutil.rmtree, _XLA_DUMP, True)
-  os.environ['XLA_FLAGS'] = ' '.join(filter(None, (
-      os.environ.get('XLA_FLAGS', ''), '--xla_dump_to=' + _XLA_DUMP,
-      '--xla_dump_hlo_as_text')))
-
+  os.environ[_MARK] = _XLA_DUMP
+  _flags += ['--xla_dump_to=' + _XLA_DUMP]
+  if '--xla_dump_hlo_as_text' not in _flags:
+    _flags.append('--xla_dump_hlo_as_text')
+  os.environ['XLA_FLAGS'] = ' '.join(_flags)
 
 def pytest_configure(config):
   """absl flags (e.g. absltest's --test_tmpdir) are read in tests, not parsed

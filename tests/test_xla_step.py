@@ -298,6 +298,25 @@ class XlaStepTest(tf.test.TestCase):
     self.assertEqual(result.loops, _LOOPS)
     self.assertIsNotNone(result.seconds_per_step)
 
+  def test_another_compile_dumped_meanwhile_is_not_taken_for_the_step(self):
+    # A folder shared with other processes (pytest-xdist workers, a dump
+    # folder the user named): a bigger module dumped during the step.
+    decoy = os.path.join(self.create_tempdir().full_path,
+                         'module_9.cpu-buffer-assignment.txt')
+    with open(decoy, 'w') as f:
+      f.write('allocation 0: size 94132, parameter 0, shape |f32[23533]| '
+              'at ShapeIndex {}:\nTotal bytes used: 10000000\n')
+    real = xla_dump.new_assignments
+
+    def with_decoy(folder, before):
+      return [xla_dump.parse(decoy)] + real(folder, before)
+
+    with tf.compat.v1.test.mock.patch.object(
+        xla_dump, 'new_assignments', with_decoy):
+      result = _on_xla(models.adam_model_fn)
+    self.assertNotEqual(result.assignment_path, decoy)
+    self.assertLess(result.total_bytes, 10000000)
+
   def test_an_op_xla_cannot_compile_names_the_program_line(self):
     with self.assertRaises(xla_step.XlaCompileError) as caught:
       _on_xla(_summary_then_string_model_fn)
@@ -462,6 +481,15 @@ class BufferAssignmentTest(tf.test.TestCase):
       f.write('HloModule m\n')
     with self.assertRaisesRegex(ValueError, 'Total bytes used'):
       xla_dump.parse(path)
+
+  def test_takes_counts_repeated_shapes(self):
+    assignment = xla_dump.BufferAssignment('m', 24, [
+        xla_dump.Allocation(8, 'parameter 0, shape |f32[2]| at ShapeIndex {}'),
+        xla_dump.Allocation(16, 'parameter 1, shape |s32[4]| at ShapeIndex {}'),
+    ])
+    self.assertTrue(assignment.takes(['s32[4]', 'f32[2]']))
+    self.assertFalse(assignment.takes(['f32[2]', 'f32[2]']))
+    self.assertFalse(assignment.takes(['f32[3]']))
 
   def test_nothing_dumped_says_why(self):
     folder = self.create_tempdir().full_path

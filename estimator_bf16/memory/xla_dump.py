@@ -133,6 +133,20 @@ class BufferAssignment:
         found.append(parameter + (allocation.size,))
     return sorted(found)
 
+  def takes(self, shapes):
+    """Whether the entry parameters include every XLA shape in `shapes`.
+
+    Args:
+      shapes: list of str, e.g. ['f32[4,16,10]', 's32[4,16]'], repeats
+        counted.
+    """
+    left = [shape for _, shape, _ in self.parameters()]
+    for shape in shapes:
+      if shape not in left:
+        return False
+      left.remove(shape)
+    return True
+
   def result_copy_bytes(self):
     """Bytes of result buffers that are not parameters.
 

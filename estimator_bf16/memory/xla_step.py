@@ -160,6 +160,33 @@ def _xla_shape(tensor):
   return '%s[%s]' % (_XLA_TYPES.get(tensor.dtype.base_dtype, '?'), dims)
 
 
+def _step_assignment(assignments, input_shapes):
+  """The compiled loop's buffer assignment among those dumped meanwhile.
+
+  The dump folder may be shared (a folder the user named in XLA_FLAGS,
+  other processes, other threads compiling), so the largest new file is
+  not necessarily this loop's: the loop's module is the one whose entry
+  parameters include the stacked input batches.
+
+  Args:
+    assignments: list of `xla_dump.BufferAssignment`, largest first.
+    input_shapes: list of str, the stacked inputs' XLA shapes.
+
+  Returns:
+    A `xla_dump.BufferAssignment`.
+
+  Raises:
+    RuntimeError: none of them takes the inputs.
+  """
+  for assignment in assignments:
+    if assignment.takes(input_shapes):
+      return assignment
+  raise RuntimeError(
+      'XLA dumped %d buffer assignment(s) during the step, none with the '
+      'loop\'s inputs (%s) as parameters.' % (len(assignments),
+                                             ', '.join(input_shapes)))
+
+
 def _dataset_of(result):
   """The input_fn's result as a Dataset of (features, labels) elements."""
   if isinstance(result, tf.data.Dataset):
@@ -388,8 +415,9 @@ def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
       with graph.as_default():
         found = tf.compat.v1.global_variables()
       variables = dict(zip([v.op.name for v in found], session.run(found)))
-  assignment = xla_dump.new_assignments(folder, before)[0]
   shapes = [_xla_shape(t) for t in input_tensors]
+  assignment = _step_assignment(
+      xla_dump.new_assignments(folder, before), shapes)
   input_bytes = variable_bytes = 0
   for _, shape, size in assignment.parameters():
     if shape in shapes:
