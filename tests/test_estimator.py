@@ -130,6 +130,50 @@ class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(probabilities.sum(axis=1), np.ones(4), atol=1e-2)
 
 
+def _host_call_model_fn(features, labels, mode, params):
+  """A metric_fn and a host_call that take the logits as the model made them.
+
+  `in_top_k` has float32 kernels only, as a TPU program's top-5
+  metric finds out when it is handed bfloat16.
+  """
+  spec = legacy_model.model_fn(features, labels, mode, params)
+  if mode == tf.estimator.ModeKeys.PREDICT:
+    return spec
+  logits = tf.compat.v1.get_default_graph().get_tensor_by_name(
+      'dense_1/BiasAdd:0')
+
+  def metric_fn(labels, logits):
+    return {'top_2': tf.compat.v1.metrics.mean(
+        tf.cast(tf.compat.v1.nn.in_top_k(logits, labels, 2), tf.float32))}
+
+  def host_fn(global_step, logits):
+    del global_step
+    if logits.dtype != tf.float32:
+      raise TypeError('host_call got %s logits' % logits.dtype.name)
+    return [tf.no_op()]
+
+  step = tf.reshape(tf.compat.v1.train.get_global_step(), [1])
+  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+      mode, loss=spec.loss, train_op=spec.train_op,
+      eval_metrics=(metric_fn, [labels, logits]),
+      host_call=(host_fn, [step, logits]))
+
+
+@parameterized.parameters(*eb.PRECISIONS)
+class HostCallsTest(tf.test.TestCase, parameterized.TestCase):
+
+  def test_metric_fn_and_host_call_get_float32_off_the_tpu(self, precision):
+    estimator = eb.make_tpu_estimator(
+        _host_call_model_fn, model_dir=self.create_tempdir().full_path,
+        precision=precision, train_batch_size=32, eval_batch_size=32,
+        tf_random_seed=7)
+    estimator.train(_input(legacy_model.train_input_fn, precision),
+                    max_steps=2)
+    metrics = estimator.evaluate(_input(legacy_model.eval_input_fn, precision),
+                                 steps=2)
+    self.assertBetween(metrics['top_2'], 0.0, 1.0)
+
+
 @pytest.mark.slow
 class InterchangeTest(tf.test.TestCase):
 

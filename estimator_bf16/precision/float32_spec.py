@@ -73,6 +73,14 @@ def float32_spec(spec):
   for field in ('eval_metrics', 'host_call'):
     if field in fields and getattr(spec, field) is not None:
       changes[field] = _float32_call(getattr(spec, field))
+  if not changes:
+    return spec
+  if any(field in fields for field in ('eval_metrics', 'host_call')):
+    # Through the constructor: TensorFlow 2.15's `TPUEstimatorSpec.__new__`
+    # also stores the host calls aside (`_host_calls`), and off the TPU
+    # `as_estimator_spec` runs those, not the fields; `_replace` would skip
+    # it and hand `metric_fn` the model's bfloat16 tensors.
+    return type(spec)(**dict(spec._asdict(), **changes))
   # `_replace` keeps the class and skips the constructor's checks, which the
   # original spec already passed.
   return spec._replace(**changes)
