@@ -42,6 +42,7 @@ import estimator_bf16 as eb
 from estimator_bf16 import compat
 from estimator_bf16.compat import _install
 from estimator_bf16.compat import export as export_lib
+from estimator_bf16.compat import private_paths
 from estimator_bf16.platform import backend as backend_lib
 from tests import compat_protocol as protocol
 from tests import legacy_model
@@ -71,7 +72,9 @@ def _api_state():
                   if name.startswith('tensorflow') and module is not None
                   and name.endswith(('compat.v1', 'compat.v2'))})
   state = {'sys.modules': sorted(n for n in sys.modules
-                                 if n.startswith('tensorflow'))}
+                                 if n.startswith('tensorflow')),
+           'tensorflow.python.estimator': id(vars(sys.modules[
+               'tensorflow.python']).get('estimator', _MISSING))}
   for key, module in modules.items():
     namespaces = [('outer', vars(module))]
     if '_tfmw_wrapped_module' in vars(module):
@@ -146,6 +149,46 @@ class InstallTest(tf.test.TestCase):
     self.assertIs(scope['PredictOutput'], compat.PredictOutput)
     self.assertIs(namespace.tpu.RunConfig, compat.TPURunConfig)
     self.assertIs(namespace.SessionRunHook, tf.compat.v1.train.SessionRunHook)
+
+  def test_private_estimator_paths_resolve(self):
+    # As tensorflow/tpu's programs import them. TensorFlow 2.15 has the
+    # real modules (they stay); 2.16+ gets the compat stand-ins.
+    folder = self.create_tempdir().full_path
+    with tf.Graph().as_default():
+      step = tf.compat.v1.train.get_or_create_global_step()
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.assign(step, 7))
+        tf.compat.v1.train.Saver().save(
+            session, os.path.join(folder, 'model.ckpt'), global_step=step)
+    compat.install()
+    scope = {}
+    exec('from tensorflow.python.estimator import estimator\n'  # pylint: disable=exec-used
+         'from tensorflow_estimator.python.estimator.tpu import tpu_config\n'
+         'import tensorflow.python.estimator.model_fn as model_fn\n', scope)
+    load = scope['estimator']._load_global_step_from_checkpoint_dir  # pylint: disable=protected-access
+    self.assertEqual(load(folder), 7)
+    self.assertEqual(load(self.create_tempdir().full_path), 0)
+    config = scope['tpu_config'].RunConfig(
+        tpu_config=scope['tpu_config'].TPUConfig(iterations_per_loop=3))
+    self.assertEqual(config.tpu_config.iterations_per_loop, 3)
+    self.assertTrue(hasattr(scope['model_fn'].ModeKeys, 'TRAIN'))
+    if not IS_TF215:
+      self.assertIs(scope['tpu_config'].TPUConfig, compat.TPUConfig)
+      with self.assertRaisesRegex(AttributeError,
+                                  r'estimator\._get_features.*provides only'):
+        scope['estimator']._get_features  # pylint: disable=protected-access,pointless-statement
+
+  def test_private_stand_ins_link_parents_to_children(self):
+    new, attached = private_paths.stand_ins(private_paths.ROOTS)
+    modules = dict(new)
+    root = modules['tensorflow_estimator.python.estimator']
+    self.assertIs(root.tpu.tpu_estimator.TPUEstimator,
+                  compat.TPUEstimator)
+    self.assertIs(modules['tensorflow.python.estimator.estimator'].Estimator,
+                  compat.Estimator)
+    self.assertNotIn('tensorflow', modules)  # real modules are never replaced
+    self.assertIn(('tensorflow.python', 'estimator',
+                   modules['tensorflow.python.estimator']), attached)
 
   def test_uninstall_restores_modules(self):
     before = _api_state()

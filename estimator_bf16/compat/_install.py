@@ -6,7 +6,8 @@ and the nested `compat` copies), registers `tensorflow.estimator` /
 `tensorflow.compat.v1.estimator` (and their `tpu`, `export` submodules) in
 `sys.modules` so `import` statements find them, and on TensorFlow 2.16+
 points `tf.compat.v1.layers` at tf-keras' legacy layers (TensorFlow routes it
-to Keras 3, which has none). Every change is recorded with what was there
+to Keras 3, which has none) and registers stand-ins for the TensorFlow-internal
+estimator modules some programs import (`private_paths`). Every change is recorded with what was there
 before, and `uninstall()` puts exactly that back: the changes are a
 `patching.Patcher`'s swaps, which `install()` starts and `uninstall()` stops.
 
@@ -26,6 +27,7 @@ from estimator_bf16.compat import config as config_lib
 from estimator_bf16.compat import estimator as estimator_lib
 from estimator_bf16.compat import estimator_spec as spec_lib
 from estimator_bf16.compat import export as export_lib
+from estimator_bf16.compat import private_paths
 from estimator_bf16.compat import tpu_estimator as tpu_lib
 from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import patching
@@ -216,6 +218,13 @@ def _swap():
       _set_module(prefix + '.estimator', namespace, undo)
       _set_module(prefix + '.estimator.tpu', namespace.tpu, undo)
       _set_module(prefix + '.estimator.export', namespace.export, undo)
+    # TensorFlow-internal paths some programs import the Estimator from;
+    # only where this TensorFlow has none (2.16+), never over real ones.
+    new, attached = private_paths.stand_ins()
+    for name, module in new:
+      _set_module(name, module, undo)
+    for parent, child, module in attached:
+      _set_attr(sys.modules[parent], child, module, undo)
   except Exception:
     patching.restore(undo)
     raise
