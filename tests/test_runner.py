@@ -593,7 +593,10 @@ estimator.evaluate(input_fn, steps=1)""",
                             tf.distribute.cluster_resolver.TPUClusterResolver)
       self.assertEqual(resolver.master(), address)
 
-  def test_use_tpu_with_the_stand_in_names_the_fix(self):
+  @parameterized.parameters('cluster=resolver',
+                            'master=resolver.get_master()',
+                            'master=resolver.master()', '')
+  def test_use_tpu_with_the_stand_in_names_the_fix(self, config_arguments):
     program = self._program('''
         import tensorflow as tf
         from tensorflow.compat.v1 import estimator as tf_estimator
@@ -601,11 +604,12 @@ estimator.evaluate(input_fn, steps=1)""",
         tf_estimator.tpu.TPUEstimator(
             model_fn=lambda features, labels, mode, params: None,
             use_tpu=True, train_batch_size=8,
-            config=tf_estimator.tpu.RunConfig(cluster=resolver))
-        ''')
+            config=tf_estimator.tpu.RunConfig(%s))
+        ''' % config_arguments)
     result = runner.run_program(program)
     self.assertEqual(result.exit_code, 1)
     self.assertIn('the program named no TPU', result.error)
+    self.assertIn('--use_tpu=false', result.error)
 
   def test_check_without_train_call_fails(self):
     program = self._program('print("no training here")')

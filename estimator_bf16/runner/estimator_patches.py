@@ -112,6 +112,34 @@ def _micro_batch(run, arguments):
   run.result.micro_batches.append((batch, micro))
 
 
+def _refuse_tpu_without_tpu(config):
+  """Raises when a TPUEstimator(use_tpu=True) has no TPU to run on.
+
+  Programs reach the TPU through `RunConfig(cluster=resolver)` or, the TF
+  1.x spelling, `RunConfig(master=resolver.get_master())`; with the local
+  stand-in resolver (or no master at all) and no TPU on this host,
+  TPUEstimator would build the TPU graph on the CPU and fail much later,
+  somewhere unrelated.
+
+  Raises:
+    ValueError: one line with both ways out.
+  """
+  way_out = ("Pass the TPU name (e.g. --tpu=NAME, or 'local' on a TPU VM), "
+             'or --use_tpu=false to run on this CPU.')
+  cluster = getattr(config, 'cluster', None)
+  if isinstance(cluster, tpu_resolver.LocalClusterResolver):
+    raise ValueError(
+        'TPUEstimator(use_tpu=True), but the program named no TPU: its '
+        'TPUClusterResolver(%r) got the local stand-in. %s' %
+        (cluster.requested, way_out))
+  if (cluster is None and not getattr(config, 'master', '') and
+      not tpu_resolver.tpu_present()):
+    raise ValueError(
+        "TPUEstimator(use_tpu=True), but the program named no TPU: its "
+        "RunConfig has master '' and no cluster, and this host has no TPU. "
+        '%s' % way_out)
+
+
 def _patched_init(original, tpu):
   """`__init__` that wraps the model_fn of the outermost constructor.
 
@@ -128,13 +156,7 @@ def _patched_init(original, tpu):
     bound = inspect.signature(original).bind(estimator, *args, **kwargs)
     arguments = bound.arguments
     if tpu and arguments.get('use_tpu', True):
-      cluster = getattr(arguments.get('config'), 'cluster', None)
-      if isinstance(cluster, tpu_resolver.LocalClusterResolver):
-        raise ValueError(
-            'TPUEstimator(use_tpu=True), but the program named no TPU: its '
-            'TPUClusterResolver(%r) got the local stand-in. Pass the TPU '
-            "name (e.g. --tpu=NAME, or 'local' on a TPU VM), or "
-            '--use_tpu=false to run on this CPU.' % (cluster.requested,))
+      _refuse_tpu_without_tpu(arguments.get('config'))
     if run.check:
       _scratch_model_dir(arguments, run.scratch_dir())
     if tpu and run.steps > 1:
