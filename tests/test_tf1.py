@@ -446,6 +446,29 @@ class ContribTest(tf.test.TestCase, parameterized.TestCase):
           values[value.tag] = (event.step, tf.make_ndarray(value.tensor))
     self.assertEqual(values, {'train/loss': (0, 2.5)})
 
+  def test_record_summaries_every_n_global_steps(self):
+    logdir = self.get_temp_dir() + '/every_n'
+    summary = contrib_lib.contrib().summary
+    with tf.Graph().as_default():
+      step = tf.compat.v1.train.get_or_create_global_step()
+      writer = summary.create_summary_file_writer(logdir)
+      with writer.as_default(), summary.record_summaries_every_n_global_steps(
+          3, step):
+        summary.scalar('step_seen', tf.cast(step, tf.float32))
+        ops = summary.all_summary_ops()
+      with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(),
+                  writer.init()])
+        for _ in range(7):
+          sess.run(ops)
+          sess.run(tf.compat.v1.assign_add(step, 1))
+        sess.run(writer.flush())
+    steps = []
+    for path in glob.glob(os.path.join(logdir, 'events.out.tfevents.*')):
+      for event in tf.compat.v1.train.summary_iterator(path):
+        steps += [event.step for _ in event.summary.value]
+    self.assertEqual(sorted(steps), [0, 3, 6])
+
   def test_readme_table_is_the_mapping(self):
     with open(os.path.join(_REPO, 'README.md')) as f:
       readme = f.read()

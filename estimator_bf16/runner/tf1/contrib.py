@@ -99,6 +99,15 @@ def _summary_op(kind, rename=None):
   return op
 
 
+def _record_summaries_every_n_global_steps(n, global_step=None):
+  """tf.contrib.summary's: record only at steps divisible by `n`."""
+  if global_step is None:
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+  # A callable, so the condition is read when each summary is written.
+  return tf.compat.v2.summary.record_if(
+      lambda: tf.equal(global_step % n, 0))
+
+
 def _batch_and_drop_remainder(batch_size):
   return lambda dataset: dataset.batch(batch_size, drop_remainder=True)
 
@@ -209,7 +218,8 @@ CONTRIB = {
         successor=('tf.summary',),
         note='`scalar`, `histogram`, `image`, `audio` take `family` (a name '
         'prefix) and default `step` to the global step; '
-        '`always_record_summaries`, `all_summary_ops`',
+        '`always_record_summaries`, `record_summaries_every_n_global_steps`, '
+        '`all_summary_ops`',
         sources=('tf.compat.v2.summary',),
         renames={
             'scalar': lambda: _summary_op('scalar'),
@@ -221,6 +231,11 @@ CONTRIB = {
                 lambda: lambda: tf.compat.v2.summary.record_if(True),
             'never_record_summaries':
                 lambda: lambda: tf.compat.v2.summary.record_if(False),
+            'record_summaries_every_n_global_steps':
+                lambda: _record_summaries_every_n_global_steps,
+            # TF 1.x's older spelling of create_file_writer.
+            'create_summary_file_writer':
+                lambda: tf.compat.v2.summary.create_file_writer,
             'all_summary_ops':
                 lambda: tf.compat.v1.summary.all_v2_summary_ops,
             'initialize': lambda: tf.compat.v1.summary.initialize,
