@@ -515,11 +515,11 @@ class CommandsTest(tf.test.TestCase):
         '--output_dir=' + model_dir)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn('memory levers: gradient accumulation K=4 (train_batch_size '
-                  '32 = 4 x 8); recompute on', proc.stdout)
+                  '32 = 4 x 8); recompute on', proc.stderr)
     self.assertIn('With gradient accumulation K=4: batches are per update',
-                  proc.stdout)
+                  proc.stderr)
     # The plan's largest batches are whole updates: multiples of K.
-    rows = [line.split() for line in proc.stdout.splitlines()
+    rows = [line.split() for line in proc.stderr.splitlines()
             if line.startswith(('float32 ', 'bfloat16 '))
             and 'share' not in line]
     self.assertLen(rows, 4)

@@ -276,8 +276,8 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     proc, data = self._check_fit('1MiB')
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     chosen = re.search(r'^chosen: (.*), planned ([\d.]+) MiB of ([\d.]+) MiB',
-                       proc.stdout, re.M)
-    self.assertIsNotNone(chosen, proc.stdout)
+                       proc.stderr, re.M)
+    self.assertIsNotNone(chosen, proc.stderr)
     self.assertEqual(data['budget_bytes'], 2**20)
     self.assertAlmostEqual(data['planned_peak_bytes'] / 2**20,
                            float(chosen.group(2)), places=1)
@@ -296,12 +296,12 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
   def test_an_impossible_budget_exits_1_with_model_parallel_advice(self):
     proc, data = self._check_fit('100KiB')
     self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
-    self.assertIn('nothing fits', proc.stdout)
-    self.assertIn('Even one example per core needs', proc.stdout)
-    self.assertIn('num_cores_per_replica=2', proc.stdout)
+    self.assertIn('nothing fits', proc.stderr)
+    self.assertIn('Even one example per core needs', proc.stderr)
+    self.assertIn('num_cores_per_replica=2', proc.stderr)
     # A text model: no spatial partitioning advice.
-    self.assertNotIn('input_partition_dims', proc.stdout)
-    self.assertIn('result: FAILED', proc.stdout)
+    self.assertNotIn('input_partition_dims', proc.stderr)
+    self.assertIn('result: FAILED', proc.stderr)
     self.assertEqual(data['exit_code'], 1)
     self.assertIsNone(data['fit']['levers'])
     self.assertIsNone(data['planned_peak_bytes'])
@@ -317,7 +317,7 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     proc = _cli(command, '--fit', '--memory_budget=1GiB', program,
                 os.path.join(folder, 'model'))
     self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
-    output = proc.stdout + proc.stderr
+    output = proc.stderr
     self.assertIn('no static batch size to fit', output)
     self.assertIn('result: FAILED', output)
     self.assertIsNone(tf.train.latest_checkpoint(os.path.join(folder,
@@ -330,22 +330,22 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
                 '--output_dir=' + self.create_tempdir().full_path,
                 '--train_batch_size=32')
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    self.assertIn('largest batch per core in 8192 MiB: float32 ', proc.stdout)
-    self.assertIn('A v2-8 / v3-8 board has 8 cores', proc.stdout)
+    self.assertIn('largest batch per core in 8192 MiB: float32 ', proc.stderr)
+    self.assertIn('A v2-8 / v3-8 board has 8 cores', proc.stderr)
 
   def test_precision_float32_wins_over_the_fit(self):
     proc = _cli('check', '--fit', '--device=tpu-v2', '--precision=float32',
                 _PROGRAM, '--output_dir=' + self.create_tempdir().full_path)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    rows = [line for line in proc.stdout.splitlines()
+    rows = [line for line in proc.stderr.splitlines()
             if re.match(r'^\*?\s+(float32|bfloat16)\s+\d', line)]
     self.assertNotEmpty(rows)
     self.assertTrue(all('float32' in row for row in rows), rows)
     # A TPU core's budget plans accumulation too: the device loop runs the
     # micro-batches inside each step.
-    self.assertIn('float32 + accumulation K x ', proc.stdout)
-    self.assertRegex(proc.stdout, r'\.\.\. and K = 2 to 32 .* also fit')
-    self.assertNotIn('No gradient accumulation', proc.stdout)
+    self.assertIn('float32 + accumulation K x ', proc.stderr)
+    self.assertRegex(proc.stderr, r'\.\.\. and K = 2 to 32 .* also fit')
+    self.assertNotIn('No gradient accumulation', proc.stderr)
 
   @parameterized.named_parameters(
       ('unknown_device', ['--fit', '--device=tpu-v9'], 'tpu-v2, tpu-v3'),

@@ -143,9 +143,9 @@ class Tf1ProgramTest(tf.test.TestCase, parameterized.TestCase):
     model_dir = os.path.join(_TMP['root'], 'checked')
     proc = test_runner._cli('check', _BERT, '--output_dir=' + model_dir)  # pylint: disable=protected-access
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    self.assertIn('TF 1.x API: on', proc.stdout)
-    self.assertIn('memory plan: largest batch per TPU core', proc.stdout)
-    self.assertIn('result: OK', proc.stdout)
+    self.assertIn('TF 1.x API: on', proc.stderr)
+    self.assertIn('memory plan: largest batch per TPU core', proc.stderr)
+    self.assertIn('result: OK', proc.stderr)
 
 
 _CONTRIB_PROGRAM = '''\

@@ -371,11 +371,11 @@ class CheckXlaCommandTest(tf.test.TestCase):
     proc = test_runner._cli(  # pylint: disable=protected-access
         'check', '--xla', '--accumulate=2', '--report=' + report,
         _BERT_STYLE, '--output_dir=' + output, '--num_train_steps=8')
-    self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr[-3000:])
-    self.assertIn('XLA step (the TRAIN step compiled by XLA', proc.stdout)
-    self.assertRegex(proc.stdout, r'batch 32 per core')
-    self.assertRegex(proc.stdout, r'4 steps ran: loss [0-9.]+, global_step 4')
-    self.assertIn('result: OK', proc.stdout)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn('XLA step (the TRAIN step compiled by XLA', proc.stderr)
+    self.assertRegex(proc.stderr, r'batch 32 per core')
+    self.assertRegex(proc.stderr, r'4 steps ran: loss [0-9.]+, global_step 4')
+    self.assertIn('result: OK', proc.stderr)
     with open(report) as f:
       data = json.load(f)
     self.assertGreater(data['xla_step_bytes'], 0)
@@ -388,12 +388,12 @@ class CheckXlaCommandTest(tf.test.TestCase):
     with open(program, 'w') as f:
       f.write(_UNCOMPILABLE_PROGRAM)
     proc = test_runner._cli('check', '--xla', program)  # pylint: disable=protected-access
-    self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr[-3000:])
-    lines = [l for l in proc.stdout.splitlines() if l.startswith('XLA step')]
+    self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
+    lines = [l for l in proc.stderr.splitlines() if l.startswith('XLA step')]
     self.assertLen(lines, 1)
     self.assertRegex(lines[0], r'XLA step: PROBLEM, .*XLA cannot compile '
                      r'(AsString|StringToNumber) .*uncompilable\.py:12')
-    self.assertIn('result: FAILED', proc.stdout)
+    self.assertIn('result: FAILED', proc.stderr)
 
 
 class TilePaddingTest(tf.test.TestCase):

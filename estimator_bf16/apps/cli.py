@@ -327,25 +327,33 @@ def main(argv=None):
     code = 0 if passed else EXIT_CHECK_FAILED
   if args.report:
     _write_report(args.report, run_report.report_json(result, budget, code))
+  # One rule for both commands: stdout is the program's, as it would be
+  # without the runner; everything estimator_bf16 says (the report, the
+  # hints) is on stderr, after the program's own output. `--report` is
+  # the machine-readable copy.
   if check:
     print(run_report.format_check_report(
-        result, fit_requested=budget is not None), end='', flush=True)
-    return code
-  # After the program's own output, on stderr: the program's stdout stays
-  # what it would be without the runner.
-  print(run_report.format_run_report(result), end='', file=sys.stderr,
-        flush=True)
+        result, fit_requested=budget is not None), end='', file=sys.stderr,
+          flush=True)
+  else:
+    print(run_report.format_run_report(result), end='', file=sys.stderr,
+          flush=True)
   _explain_misplaced(args, result)
-  return result.exit_code
+  return code if check else result.exit_code
 
 
 def _explain_misplaced(args, result):
-  if result.exit_code:
-    for option in _misplaced_options(args, result.program_flags):
-      print('estimator_bf16: %s is an option of `%s`, not of the program: '
-            'put it before %s (everything after PROGRAM.py goes to the '
-            'program).' % (option, args.command, args.program),
-            file=sys.stderr)
+  """One line per option of ours the program got and does not define.
+
+  Whatever the exit code: a program started with `app.run` (TF 1.x
+  `tf.app.run`) may accept unknown flags, so `--precision=float32` after
+  PROGRAM.py trains, in bfloat16, and exits 0.
+  """
+  for option in _misplaced_options(args, result.program_flags):
+    print('estimator_bf16: warning: %s went to the program, which does not '
+          'define it, so it had no effect: options of `%s` go before %s '
+          '(everything after PROGRAM.py goes to the program).' %
+          (option, args.command, args.program), file=sys.stderr)
 
 
 def _run_fit(args, budget, precisions, exclude):
