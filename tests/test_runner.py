@@ -611,6 +611,52 @@ estimator.evaluate(input_fn, steps=1)""",
     self.assertIn('the program named no TPU', result.error)
     self.assertIn('--use_tpu=false', result.error)
 
+  @parameterized.named_parameters(
+      ('empty_input', 0, 5, [0], 'no training step ran'),
+      ('two_steps', 8, 2, [2], None),
+      # The same model_dir again, already at max_steps.
+      ('rerun', 8, 2, [2, 0], 'train call 2 of 2 ran no step'))
+  def test_the_report_counts_training_steps(self, examples, max_steps,
+                                            counted, warned):
+    program = self._program('''
+        import sys
+        import numpy as np
+        import tensorflow as tf
+        from tensorflow.compat.v1 import estimator as tf_estimator
+
+        def input_fn(params):
+          x = np.ones([%d, 3], np.float32)
+          return tf.data.Dataset.from_tensor_slices(
+              (x, np.zeros([len(x)], np.int32))).repeat().batch(4)
+
+        def model_fn(features, labels, mode, params):
+          logits = tf.compat.v1.layers.dense(features, 2)
+          loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+          train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+              loss, tf.compat.v1.train.get_global_step())
+          return tf_estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+        for _ in range(int(sys.argv[2])):
+          tf_estimator.Estimator(model_fn, model_dir=sys.argv[1]).train(
+              input_fn, max_steps=%d)
+        ''' % (examples, max_steps))
+    model_dir = self.create_tempdir().full_path
+    result = runner.run_program(program, [model_dir, str(len(counted))],
+                                memory=True)
+    self.assertEqual(result.exit_code, 0, result.error)
+    self.assertEqual(result.train_steps, counted)
+    report = run_report.format_run_report(result)
+    self.assertIn('training steps run: %d' % sum(counted), report)
+    if warned:
+      self.assertIn('warning: %s: the train input was empty' % warned, report)
+    else:
+      self.assertNotIn('warning:', report)
+    # Fewer steps than the memory hook waits for: the report says why.
+    self.assertIn('peak training-step memory: not measured (it measures '
+                  'step 4 of a train call, and the longest call ran %d)' %
+                  max(counted), report)
+    self.assertEqual(run_report.report_json(result)['train_steps'], counted)
+
   def test_check_without_train_call_fails(self):
     program = self._program('print("no training here")')
     result = runner.run_program(program, check=True)

@@ -134,6 +134,12 @@ def graph_variable_bytes(graph):
   return total
 
 
+# The `run` call traced by default (0-based): the first calls of a session
+# do one-off work (initialization, the first checkpoint, warm-up), so a
+# train call is measured only from its fourth step on.
+TRACED_CALL = 3
+
+
 class PeakMemoryHook(tf.compat.v1.train.SessionRunHook):
   """Traces chosen training steps and keeps the allocator peak.
 
@@ -150,7 +156,7 @@ class PeakMemoryHook(tf.compat.v1.train.SessionRunHook):
     per_step: dict {call index: allocator peak bytes} for each traced call.
   """
 
-  def __init__(self, trace_steps=(3,), allocator_substring=''):
+  def __init__(self, trace_steps=(TRACED_CALL,), allocator_substring=''):
     """Creates the hook.
 
     Args:

@@ -30,6 +30,7 @@ from estimator_bf16.memory import peak as memory_lib
 from estimator_bf16.platform import backend
 from estimator_bf16.platform import patching
 from estimator_bf16.runner import run_state
+from estimator_bf16.runner import train_steps
 from estimator_bf16.runner import tpu_resolver
 from estimator_bf16.safety import preemption
 
@@ -208,6 +209,9 @@ def _patched_entry(original, name):
     if name != 'train':
       return original(*bound.args, **bound.kwargs)
     hooks = list(arguments.get('hooks') or [])
+    counter = train_steps.StepCountHook()
+    run.step_hooks.append(counter)
+    hooks.append(counter)
     if run.memory:
       hook = memory_lib.PeakMemoryHook()
       run.hooks.append(hook)

@@ -142,7 +142,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
                  gradient_accumulation_steps, recompute, kernels)
   result = RunResult(program=program, precision=precision,
                      gradient_accumulation_steps=gradient_accumulation_steps,
-                     recompute=recompute, kernels=kernels)
+                     recompute=recompute, kernels=kernels, memory=memory)
   run = run_state.ProgramRun(precision, audit, tuple(exclude), memory, check,
                              result)
 
@@ -182,6 +182,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
         result.xla = xla_fn(result.train_graph, result)
       except Exception as e:  # pylint: disable=broad-except
         result.xla_error = _first_line('%s: %s' % (type(e).__name__, e))
+  result.train_steps = [h.steps for h in run.step_hooks]
   result.peak_bytes = max([h.peak_bytes for h in run.hooks] or [0])
   result.train_peak_tensor_bytes = [h.tensor_peak_bytes for h in run.hooks]
   result.peak_tensor_bytes = max(result.train_peak_tensor_bytes or [0])

@@ -16,6 +16,7 @@ import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.estimator import tpu as tpu_facts
 from estimator_bf16.memory import fit as fit_lib
+from estimator_bf16.memory import peak as peak_lib
 from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.precision import policy as precision_lib
 
@@ -260,7 +261,7 @@ def fit_run_lines(result):
   fitted, chosen = result.fit, result.fit.chosen
   peak = fit_measured_bytes(result)
   measured = ('%.1f MiB' % (peak / MiB) if peak else
-              'not measured (it needs 4 training steps)')
+              'not measured (%s)' % _unmeasured_reason(result))
   if peak and len(result.train_peak_tensor_bytes) > 1:
     measured += " (the first train call's step: the one planned)"
   verdict = ''
@@ -296,6 +297,7 @@ def report_json(result, budget_bytes=None, exit_code=None):
   'kernels'}: the run's, or with `check --fit` the chosen ones),
   'cpu_substituted_ops' ({op type: count} of the last TRAIN graph's ops
   computed in float32 for slow bfloat16 CPU kernels), 'problems' (audit),
+  'train_steps' (global steps each `train` call advanced, in order),
   'xla_step_bytes', 'xla_total_bytes', 'xla_planned_bytes' and 'xla_error'
   (with `check --xla`, else None: `runner.xla_check`), and with --fit 'fit'
   (every option). `exit_code` is the command's when
@@ -316,6 +318,7 @@ def report_json(result, budget_bytes=None, exit_code=None):
       'bfloat16_flop_share': (result.reports[-1].bfloat16_flop_share
                               if result.reports else None),
       'levers': levers, 'problems': list(result.problems),
+      'train_steps': list(result.train_steps),
       'cpu_substituted_ops': (dict(result.reports[-1].cpu_substituted_ops)
                               if result.reports else {}),
   }
@@ -336,6 +339,37 @@ def report_json(result, budget_bytes=None, exit_code=None):
     if summary['levers'] is not None:
       data['levers'] = summary['levers']
   return data
+
+
+def _unmeasured_reason(result):
+  """Why `--memory` measured nothing: one clause."""
+  if not peak_lib.allocator_stats_enabled():
+    return ('the CPU allocator keeps no statistics: %s=%s was not set before '
+            'TensorFlow loaded' % peak_lib.ALLOCATOR_ENV)
+  needed = peak_lib.TRACED_CALL + 1
+  if not result.train_steps:
+    return 'the program never called train; it measures step %d' % needed
+  return ('it measures step %d of a train call, and the longest call ran %d' %
+          (needed, max(result.train_steps)))
+
+
+def train_step_lines(result):
+  """The training steps run, and a warning line when there were none."""
+  if not result.train_steps:
+    return ['training steps run: 0 (the program never called train)']
+  total = sum(result.train_steps)
+  calls = len(result.train_steps)
+  lines = ['training steps run: %d%s' % (
+      total, ' in %d train calls' % calls if calls > 1 else '')]
+  idle = [str(i + 1) for i, steps in enumerate(result.train_steps)
+          if steps == 0]
+  if idle:
+    what = ('no training step ran' if total == 0 else
+            'train call %s of %d ran no step' % (', '.join(idle), calls))
+    lines.append('warning: %s: the train input was empty, or model_dir '
+                 'already held a checkpoint at max_steps (a rerun of a '
+                 'finished run)' % what)
+  return lines
 
 
 def format_run_report(result):
@@ -359,6 +393,7 @@ def format_run_report(result):
     lines.append(_flop_line(result.reports))
     lines += kernels_lines(result)
     lines += _problem_lines(result.problems)
+    lines += train_step_lines(result)
   if result.local_resolvers:
     lines.append('TPU resolver: local stand-in (no TPU named or attached)')
   if result.peak_bytes:
@@ -368,6 +403,9 @@ def format_run_report(result):
     lines.append("peak training-step tensors (measured: variables and the "
                  "step's tensors at their own size, as planned): %.1f MiB" %
                  (result.peak_tensor_bytes / MiB))
+  elif result.memory and result.fit is None:
+    lines.append('peak training-step memory: not measured (%s)' %
+                 _unmeasured_reason(result))
   if result.fit is not None:
     lines += fit_run_lines(result)
   if result.stopped_by:

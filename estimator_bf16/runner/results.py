@@ -90,6 +90,9 @@ class RunResult:
     xla: with `check --xla`, a `runner.xla_check.XlaCheck`; else None.
     xla_error: with `check --xla`, why the XLA step could not be built or
       compiled (one line), else None.
+    memory: whether the step's memory was to be measured (`--memory`).
+    train_steps: global steps each `train` call advanced, in order (empty
+      when the program never trained).
   """
   program: str
   precision: str
@@ -117,6 +120,8 @@ class RunResult:
   fit: Any = None
   xla: Any = None
   xla_error: Optional[str] = None
+  memory: bool = False
+  train_steps: list = dataclasses.field(default_factory=list)
 
   @property
   def problems(self):

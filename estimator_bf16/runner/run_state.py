@@ -57,6 +57,8 @@ class ProgramRun(object):
     result: the `RunResult` being filled in.
     estimators: the Estimators constructed under this run (weakly held).
     hooks: the `PeakMemoryHook` of each `train` call, in order.
+    step_hooks: the `train_steps.StepCountHook` of each `train` call, in
+      order.
   """
 
   def __init__(self, precision, audit, exclude, memory, check, result):
@@ -71,6 +73,7 @@ class ProgramRun(object):
     self.result = result
     self.estimators = weakref.WeakSet()
     self.hooks = []
+    self.step_hooks = []
     # What the newest `train` call got (`check --xla` builds from them).
     self.train_input_fn = None
     self.train_config = None
