@@ -32,6 +32,7 @@ import estimator_bf16 as eb
 from estimator_bf16.apps import cli
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.models import digits
+from estimator_bf16.platform import shown_paths
 from estimator_bf16.runner import estimator_patches
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report
@@ -748,6 +749,28 @@ class CommandLineTest(tf.test.TestCase, parameterized.TestCase):
             'does not define it, so it had no effect: options of `run` go '
             'before %s' % program)
     self.assertEqual(hint in err.getvalue(), hinted, err.getvalue())
+
+
+class ShownPathTest(tf.test.TestCase):
+
+  def test_program_files_are_named_relative_to_the_working_folder(self):
+    root = self.create_tempdir().full_path
+    outside = self.create_tempdir().full_path
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+      self.assertEqual(shown_paths.shown_path(os.path.join(root, 'a', 'b.py')),
+                       os.path.join('a', 'b.py'))
+      # A bare name would read like a library's file of that name.
+      self.assertEqual(shown_paths.shown_path(
+          os.path.join(root, 'tpu_estimator.py')),
+                       os.path.join('.', 'tpu_estimator.py'))
+      self.assertEqual(shown_paths.shown_location('main.py', 7), './main.py:7')
+      self.assertEqual(shown_paths.shown_path(os.path.join(outside, 'x.py')),
+                       os.path.join(outside, 'x.py'))
+      self.assertEqual(shown_paths.shown_path('<stdin>'), '<stdin>')
+    finally:
+      os.chdir(cwd)
 
 
 class PlanTest(tf.test.TestCase):

@@ -14,6 +14,7 @@ import glob
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -190,6 +191,27 @@ class Tf1RunTest(tf.test.TestCase, parameterized.TestCase):
     self.assertStartsWith(result.error, 'UnmappedContribError: ')
     self.assertNotIn('\n', result.error)
     self.assertEqual(err, result.error + '\n')
+
+  def test_an_import_failure_shows_only_the_programs_frames(self):
+    folder = self.create_tempdir().full_path
+    self._write(folder, 'helper.py', '''
+        import tensorflow as tf
+        from a_module_nobody_has import thing
+        ''')
+    program = self._write(folder, 'program.py', '''
+        import tensorflow as tf
+        import helper
+        flags = tf.flags
+        ''')
+    result, err = self._run_quietly(program)
+    self.assertEqual(result.exit_code, 1)
+    self.assertTrue(result.tf1)
+    files = re.findall(r'File "([^"]+)"', result.error)
+    self.assertEqual([os.path.basename(f) for f in files],
+                     ['program.py', 'helper.py'], result.error)
+    self.assertIn("ModuleNotFoundError: No module named 'a_module_nobody_has'",
+                  err)
+    self.assertRegex(result.reason, r'\(at .*helper\.py:3\)$')
 
   def test_only_the_program_folders_see_tf1(self):
     """tf-slim and a module outside the folders keep the real TensorFlow."""
@@ -411,6 +433,20 @@ class ContribTest(tf.test.TestCase, parameterized.TestCase):
          tf.summary.create_file_writer),
         (contrib.rnn.LSTMCell, v1.nn.rnn_cell.LSTMCell)):
       self.assertIs(got, want)
+
+  def test_a_mapped_name_brings_no_notice_blaming_the_package(self):
+    # TensorFlow's wrapper of tf.compat.v1.estimator.tpu logs "From FILE:
+    # The name ... is deprecated" once per name, blaming whoever read it.
+    module = contrib_lib._attribute_path('tf.compat.v1.estimator.tpu')()  # pylint: disable=protected-access
+    checked = getattr(module, '_tfmw_deprecated_checked', None)
+    if checked is None:
+      self.skipTest('tf.compat.v1.estimator.tpu is no TensorFlow module '
+                    'wrapper here (the compat backend)')
+    checked.discard('TPUConfig')
+    module._tfmw_warning_count = 0  # pylint: disable=protected-access
+    with self.assertNoLogs('tensorflow', level='WARNING'):
+      got = contrib_lib.contrib().tpu.TPUConfig
+    self.assertIs(got, tf.compat.v1.estimator.tpu.TPUConfig)
 
   def test_batch_and_drop_remainder(self):
     contrib = contrib_lib.contrib()

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.autocast import op_lists
+from estimator_bf16.platform import shown_paths
 from estimator_bf16.precision.casting import FLOATING_DTYPES
 from estimator_bf16.precision.casting import HALF_DTYPES
 
@@ -224,7 +225,7 @@ def where_made(op):
       continue
     lineno = getattr(frame, 'lineno', None) or frame[1]
     name = getattr(frame, 'name', None) or frame[2]
-    return '%s:%s (%s)' % (filename, lineno, name)
+    return '%s (%s)' % (shown_paths.shown_location(filename, lineno), name)
   return ''
 
 

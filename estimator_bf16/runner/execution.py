@@ -20,6 +20,7 @@ from absl import flags
 
 import estimator_bf16 as eb
 from estimator_bf16.platform import backend
+from estimator_bf16.platform import shown_paths
 from estimator_bf16.runner import run_state
 from estimator_bf16.runner import tf1 as tf1_lib
 
@@ -96,7 +97,7 @@ def _failure_reason(error, folders):
   for frame, lineno in traceback.walk_tb(error.__traceback__):
     path = frame.f_code.co_filename
     if os.path.realpath(path).startswith(prefixes):
-      where = '%s:%d' % (path, lineno)
+      where = shown_paths.shown_location(path, lineno)
   lines = str(error).strip().splitlines()
   return '%s%s%s' % (type(error).__name__, ': ' + lines[0] if lines else '',
                      ' (at %s)' % where if where else '')
@@ -113,14 +114,31 @@ def _exit_code(exit_exception):
   return 1
 
 
+# The TF 1.x scope's import hook sits between every `import` of the
+# program's own modules and the module's code: frames of it say nothing
+# about the failure, and put this package's file first.
+_IMPORT_HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tf1',
+                            'scope.py')
+
+
 def _program_traceback(error, program):
-  """The traceback from the program's first frame on, as Python prints it."""
+  """The traceback from the program's first frame on, as Python prints it,
+  without the frames of the TF 1.x import hook (unless it raised)."""
   tb = error.__traceback__
   start = tb
   while start is not None and start.tb_frame.f_code.co_filename != program:
     start = start.tb_next
-  return ''.join(traceback.format_exception(type(error), error,
-                                            start or tb))
+  shown = traceback.TracebackException(type(error), error, start or tb)
+  frames = list(shown.stack)
+  kept = [frame for frame in frames[:-1]
+          if os.path.abspath(frame.filename) != _IMPORT_HOOK] + frames[-1:]
+  if (isinstance(error, ImportError) and kept and
+      os.path.abspath(kept[-1].filename) == _IMPORT_HOOK):
+    # The hook's `import` statement is where Python reports an import
+    # failing: the program line that imported is the one to show last.
+    kept.pop()
+  shown.stack = traceback.StackSummary.from_list(kept)
+  return ''.join(shown.format())
 
 
 def tf1_scope(program, folders, tf1, result):

@@ -27,6 +27,7 @@ from typing import Callable, Dict, Tuple
 import tensorflow as tf
 
 import estimator_bf16
+from estimator_bf16.platform import shown_paths
 
 # The installed package's folder (not this subpackage's): its code is never
 # the program's.
@@ -37,12 +38,6 @@ class UnmappedContribError(ImportError):
   """A `tf.contrib` name without a successor; the message is one line."""
 
 
-def _shown_path(path):
-  """`path` relative to the working directory when it lies below it."""
-  relative = os.path.relpath(path)
-  return path if relative.startswith(os.pardir) else relative
-
-
 # Program code, as opposed to this package, TensorFlow or a library, is the
 # first frame outside this package and the standard import machinery.
 def caller_location():
@@ -51,7 +46,7 @@ def caller_location():
   while frame is not None:
     path = frame.f_code.co_filename
     if not (path.startswith(_PACKAGE_DIR) or path.startswith('<')):
-      return '%s:%d' % (_shown_path(path), frame.f_lineno)
+      return shown_paths.shown_location(path, frame.f_lineno)
     frame = frame.f_back
   return 'an unknown line'
 
@@ -67,6 +62,22 @@ def _attribute_path(path):
       obj = getattr(obj, part)
     return obj
   return resolve
+
+
+def _quiet_getattr(module, name):
+  """`getattr(module, name)`, without TensorFlow's renamed-name notice.
+
+  TensorFlow's API modules are wrappers that log "From FILE:LINE: The name
+  tf.X is deprecated" when a name they consider moved is read, blaming the
+  line that read it. Here that line would be this module's, and the path
+  is the mapping's choice, not the program's: read the name from the
+  module the wrapper wraps (the wrapper only adds that notice and the lazy
+  loading of submodules, for which it is still asked).
+  """
+  wrapped = vars(module).get('_tfmw_wrapped_module')
+  if wrapped is not None and name in vars(wrapped):
+    return vars(wrapped)[name]
+  return getattr(module, name)
 
 
 def _async_checkpoint_hook():
@@ -149,7 +160,7 @@ class Mapping:
       return self.renames[name]()
     for source in self.sources:
       try:
-        return getattr(_attribute_path(source)(), name)
+        return _quiet_getattr(_attribute_path(source)(), name)
       except AttributeError:
         continue
     raise AttributeError(name)
