@@ -658,6 +658,28 @@ estimator.evaluate(input_fn, steps=1)""",
                   max(counted), report)
     self.assertEqual(run_report.report_json(result)['train_steps'], counted)
 
+  def test_the_report_names_the_float32_remainder(self):
+    program = self._program(_ESTIMATOR_PROGRAM.replace(
+        "  logits = tf.matmul(features['x'], w)\n",
+        "  logits = tf.matmul(features['x'], w)\n"
+        "  kept = tf.matmul(tf.cast(features['x'], tf.float32),\n"
+        "                   tf.ones([3, 2]))  # float32 on purpose\n"
+        "  logits += tf.cast(kept, logits.dtype)\n"))
+    folder = self.create_tempdir().full_path
+    result = runner.run_program(
+        program, [folder, os.path.join(folder, 'seen.json')])
+    self.assertEqual(result.exit_code, 0, result.error)
+    report = run_report.format_run_report(result)
+    self.assertRegex(report, r'float32 remainder: [1-9][0-9.]*% of those '
+                     r'FLOPs; the largest:\n  \S*MatMul\S* \(MatMul, '
+                     r'[0-9.]+%\) made at .*program\.py:\d+ \(model_fn\)')
+    # A float32 run has nothing to name.
+    result = runner.run_program(
+        program, [self.create_tempdir().full_path,
+                  os.path.join(folder, 'seen32.json')], precision='float32')
+    self.assertNotIn('float32 remainder',
+                     run_report.format_run_report(result))
+
   def test_check_without_train_call_fails(self):
     program = self._program('print("no training here")')
     result = runner.run_program(program, check=True)

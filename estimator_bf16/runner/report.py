@@ -97,14 +97,30 @@ def _problem_lines(problems):
   return lines
 
 
-def _flop_line(reports):
+# How many of the largest float32 matmul/conv ops the report names.
+_REMAINDER_SHOWN = 3
+
+
+def _flop_lines(reports, precision):
+  """The bfloat16 share, and in a bfloat16 run what is still float32."""
   if not reports:
-    return 'bfloat16 share of matmul/conv FLOPs: no TRAIN graph was built'
+    return ['bfloat16 share of matmul/conv FLOPs: no TRAIN graph was built']
   report = reports[-1]
   total = sum(report.flops_by_dtype.values())
-  return ('bfloat16 share of matmul/conv FLOPs: %.1f%% of %.3g per step '
-          '(TRAIN graph, forward and backward)' % (
-              100 * report.bfloat16_flop_share, total))
+  lines = ['bfloat16 share of matmul/conv FLOPs: %.1f%% of %.3g per step '
+           '(TRAIN graph, forward and backward)' % (
+               100 * report.bfloat16_flop_share, total)]
+  if (not precision_lib.parse_precision(precision).bfloat16 or not total or
+      not report.largest_float32_ops):
+    return lines
+  lines.append('float32 remainder: %.1f%% of those FLOPs; the largest:' %
+               (100 * (1 - report.bfloat16_flop_share)))
+  for name, op_type, flops, where in (
+      report.largest_float32_ops[:_REMAINDER_SHOWN]):
+    lines.append('  %s (%s, %.1f%%)%s' % (
+        name, op_type, 100 * flops / total,
+        ' made at ' + where if where else ''))
+  return lines
 
 
 def kernels_lines(result):
@@ -390,7 +406,7 @@ def format_run_report(result):
   else:
     lines.append('estimators built: %d; TRAIN graphs audited: %d' % (
         result.estimators, len(result.reports)))
-    lines.append(_flop_line(result.reports))
+    lines += _flop_lines(result.reports, result.precision)
     lines += kernels_lines(result)
     lines += _problem_lines(result.problems)
     lines += train_step_lines(result)
@@ -525,7 +541,7 @@ def format_check_report(result, fit_requested=False):
       lines.append('the program never called train: there is no TRAIN '
                    'graph to check.')
     return '\n'.join(lines) + '\n'
-  lines.append(_flop_line(result.reports))
+  lines += _flop_lines(result.reports, result.precision)
   lines += kernels_lines(result)
   lines += _problem_lines(result.problems)
   lines.append('')
