@@ -12,6 +12,8 @@ Legacy code that names `tf.estimator` itself needs `eb.compat.install()`.
 # Before TensorFlow loads: the package's own commands start quiet.
 from estimator_bf16.platform import quiet as _quiet
 _quiet.quiet_commands()
+with _quiet.loading_noise_hidden():
+  import tensorflow as _tensorflow  # pylint: disable=g-import-not-at-top,unused-import
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from estimator_bf16.platform.backend import check_tensorflow as _check_tensorflow

@@ -13,6 +13,13 @@ keeps TensorFlow's own output. Python errors, the commands' own messages
 and a program's own logging are untouched. The tasks of a launched
 multi-worker job inherit the setting.
 
+TensorFlow 2.16+ also writes a few lines straight to file descriptor 2
+while its libraries load, before any log level applies ("WARNING: All log
+messages before absl::InitializeLog() is called ...", the oneDNN note,
+"cudart_stub.cc ... Could not find cuda drivers", each twice).
+`loading_noise_hidden()` filters descriptor 2 for the duration of that
+import only, for the same commands.
+
 `tensorflow_logs_once()` keeps TensorFlow's Python log lines from being
 printed twice (by its own handler and again by absl's root handler).
 """
@@ -20,7 +27,9 @@ printed twice (by its own handler and again by absl's root handler).
 import contextlib
 import logging
 import os
+import re
 import sys
+import threading
 
 VERBOSE_FLAG = '--verbose'
 VERBOSE_HELP = ("Show TensorFlow's own C++ log lines, which the package's "
@@ -68,6 +77,85 @@ def quiet_commands(argv=None, environ=None):
   environ['TF_CPP_MIN_LOG_LEVEL'] = (
       _VERBOSE_LEVEL if VERBOSE_FLAG in argv else _QUIET_LEVEL)
   return True
+
+
+# What TensorFlow's C++ side writes to descriptor 2 while it loads, in
+# absl's format ('I0000 00:00:1795.29 29524 port.cc:153] ...'): INFO and
+# WARNING lines, the pre-initialization notice, and the cuDNN / cuFFT /
+# cuBLAS "Unable to register" errors of CPU-only machines. Fatal lines and
+# anything else (Python's own warnings included) pass.
+_LOAD_NOISE = re.compile(
+    rb'^(WARNING: All log messages before absl::InitializeLog\(\)'
+    rb'|[IW]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] '
+    rb'|E\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] Unable to register )')
+
+
+def is_load_noise(line):
+  """Whether `line` (bytes) is one of TensorFlow's loading lines."""
+  return _LOAD_NOISE.match(line) is not None
+
+
+@contextlib.contextmanager
+def descriptor_filtered(drop, fd=2):
+  """Inside, lines written to `fd` for which `drop(line)` is true vanish.
+
+  C++ code writes to the descriptor itself, below `sys.stderr`, so the
+  filter sits there: `fd` becomes a pipe whose lines a thread copies to the
+  original descriptor unless dropped. On exit `fd` is the original again
+  and every line written before has been passed on.
+
+  Args:
+    drop: fn(bytes line) -> bool.
+    fd: the descriptor, 2 (stderr) by default.
+
+  Yields:
+    None.
+  """
+  try:
+    saved = os.dup(fd)
+  except OSError:  # no such descriptor: nothing to filter
+    yield
+    return
+  sys.stderr.flush()
+  read_end, write_end = os.pipe()
+  os.dup2(write_end, fd)
+  os.close(write_end)
+
+  def pump():
+    with os.fdopen(read_end, 'rb') as pipe:
+      for line in pipe:
+        if not drop(line):
+          os.write(saved, line)
+
+  thread = threading.Thread(target=pump, name='descriptor_filter',
+                            daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, fd)  # the pipe's last writer closes: the pump ends
+    thread.join(timeout=10)
+    os.close(saved)
+
+
+@contextlib.contextmanager
+def loading_noise_hidden(argv=None):
+  """Inside, TensorFlow's loading lines are dropped from descriptor 2.
+
+  Acts as `quiet_commands` does: only in a command of this package,
+  without `--verbose`, and only while TensorFlow has not loaded yet.
+
+  Args:
+    argv: the interpreter's full command line (default `sys.orig_argv`).
+  """
+  argv = list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
+  if (not is_package_command(argv) or VERBOSE_FLAG in argv or
+      'tensorflow' in sys.modules):
+    yield
+    return
+  with descriptor_filtered(is_load_noise):
+    yield
 
 
 @contextlib.contextmanager
