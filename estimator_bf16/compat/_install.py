@@ -27,6 +27,7 @@ from estimator_bf16.compat import config as config_lib
 from estimator_bf16.compat import estimator as estimator_lib
 from estimator_bf16.compat import estimator_spec as spec_lib
 from estimator_bf16.compat import export as export_lib
+from estimator_bf16.compat import keras_estimator
 from estimator_bf16.compat import private_paths
 from estimator_bf16.compat import tpu_estimator as tpu_lib
 from estimator_bf16.platform import backend as backend_lib
@@ -104,6 +105,26 @@ def _legacy_layers():
     return importlib.import_module(_LEGACY_LAYERS)
   except ImportError:
     return _MissingTfKeras('tensorflow.compat.v1.layers')
+
+
+def _keras_estimator_modules():
+  """The `tf.keras.estimator` modules to give `model_to_estimator`.
+
+  Only where tensorflow_estimator is gone (TensorFlow 2.16+) and tf.keras
+  is legacy Keras (tf-keras, TF_USE_LEGACY_KERAS=1): there the module
+  exists and its function only raises. Keras 3 has no such module.
+  """
+  if private_paths.tensorflow_estimator_present():
+    return []
+  found = []
+  for api in (tf.keras, tf.compat.v1.keras):
+    try:
+      module = getattr(api, 'estimator', None)
+    except ImportError:
+      module = None
+    if isinstance(module, types.ModuleType) and module not in found:
+      found.append(module)
+  return found
 
 
 def _api_modules():
@@ -218,6 +239,10 @@ def _swap():
       _set_module(prefix + '.estimator', namespace, undo)
       _set_module(prefix + '.estimator.tpu', namespace.tpu, undo)
       _set_module(prefix + '.estimator.export', namespace.export, undo)
+    # Keras' road to an Estimator, where TensorFlow's only raises.
+    for keras_estimator_module in _keras_estimator_modules():
+      _set_attr(keras_estimator_module, 'model_to_estimator',
+                keras_estimator.model_to_estimator, undo)
     # TensorFlow-internal paths some programs import the Estimator from;
     # only where this TensorFlow has none (2.16+), never over real ones.
     new, attached = private_paths.stand_ins()

@@ -101,6 +101,11 @@ def _exists(path):
     return False
 
 
+def tensorflow_estimator_present():
+  """Whether the real tensorflow_estimator is installed (TensorFlow <= 2.15)."""
+  return _exists('tensorflow_estimator')
+
+
 def stand_ins(roots=None):
   """The stand-ins to register where TensorFlow has no such modules.
 
