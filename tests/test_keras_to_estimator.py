@@ -16,6 +16,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.compat import keras_estimator
 from estimator_bf16.runner import program as runner
+from estimator_bf16.runner import report as run_report
 
 # The model users bring, narrower (Dense 32, not 512) to stay fast.
 _PROGRAM = '''
@@ -23,6 +24,7 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 
+tf.random.set_seed(0)  # the same initial weights in both precisions
 model = tf.keras.models.Sequential([
     tf.keras.layers.Flatten(input_shape=(28, 28)),
     tf.keras.layers.Dense(32, activation='relu'),
@@ -89,6 +91,10 @@ class RunTest(tf.test.TestCase, parameterized.TestCase):
     self.assertNotEmpty(floating)
     self.assertEqual(set(floating.values()), {tf.float32}, floating)
     self.assertEqual(metrics['accuracy'][1], 'float32')
+    # What the runner saw evaluate return, and reports.
+    self.assertEqual(result.evaluations[-1]['accuracy'], metrics['accuracy'])
+    self.assertIn('evaluation: accuracy %.4g (float32)' %
+                  metrics['accuracy'][0], run_report.format_run_report(result))
     self.assertEqual(metrics['global_step'][0], 60)
     _, reference, _ = self._run('float32')
     # Chance is 0.1; both learn, and by about as much.

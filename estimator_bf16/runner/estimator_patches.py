@@ -21,6 +21,7 @@ import inspect
 import tempfile
 import threading
 
+import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -206,6 +207,10 @@ def _patched_entry(original, name):
       run.train_config = getattr(estimator, 'config', None)
     arguments['input_fn'] = eb.wrap_input_fn(
         arguments['input_fn'], run.precision, exclude=run.exclude)
+    if name == 'evaluate':
+      metrics = original(*bound.args, **bound.kwargs)
+      run.result.evaluations.append(_metric_record(metrics))
+      return metrics
     if name != 'train':
       return original(*bound.args, **bound.kwargs)
     hooks = list(arguments.get('hooks') or [])
@@ -232,6 +237,16 @@ def _patched_entry(original, name):
 
   entry.__name__ = name
   return functools.update_wrapper(entry, original)
+
+
+def _metric_record(metrics):
+  """{name: [value, dtype name]} of an evaluation's scalar results."""
+  record = {}
+  for key, value in (metrics or {}).items():
+    array = np.asarray(value)
+    if array.shape == () and array.dtype.kind in 'fiub':
+      record[str(key)] = [array.item(), array.dtype.name]
+  return record
 
 
 def _swap():

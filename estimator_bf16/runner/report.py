@@ -314,6 +314,8 @@ def report_json(result, budget_bytes=None, exit_code=None):
   'cpu_substituted_ops' ({op type: count} of the last TRAIN graph's ops
   computed in float32 for slow bfloat16 CPU kernels), 'problems' (audit),
   'train_steps' (global steps each `train` call advanced, in order),
+  'evaluations' (each `evaluate` call's scalar results, {metric: [value,
+  dtype name]}),
   'xla_step_bytes', 'xla_total_bytes', 'xla_planned_bytes' and 'xla_error'
   (with `check --xla`, else None: `runner.xla_check`), and with --fit 'fit'
   (every option). `exit_code` is the command's when
@@ -335,6 +337,7 @@ def report_json(result, budget_bytes=None, exit_code=None):
                               if result.reports else None),
       'levers': levers, 'problems': list(result.problems),
       'train_steps': list(result.train_steps),
+      'evaluations': list(result.evaluations),
       'cpu_substituted_ops': (dict(result.reports[-1].cpu_substituted_ops)
                               if result.reports else {}),
   }
@@ -388,6 +391,20 @@ def train_step_lines(result):
   return lines
 
 
+def evaluation_lines(result):
+  """The last evaluation's results, with their dtypes."""
+  if not result.evaluations:
+    return []
+  last = result.evaluations[-1]
+  shown = ', '.join(
+      '%s %s (%s)' % (key, ('%.4g' % value) if isinstance(value, float)
+                      else value, dtype)
+      for key, (value, dtype) in sorted(last.items()))
+  calls = len(result.evaluations)
+  return ['evaluation%s: %s' % (' (the last of %d)' % calls if calls > 1
+                                else '', shown or 'no scalar results')]
+
+
 def format_run_report(result):
   """The report `run` prints when the program ends.
 
@@ -410,6 +427,7 @@ def format_run_report(result):
     lines += kernels_lines(result)
     lines += _problem_lines(result.problems)
     lines += train_step_lines(result)
+    lines += evaluation_lines(result)
   if result.local_resolvers:
     lines.append('TPU resolver: local stand-in (no TPU named or attached)')
   if result.peak_bytes:

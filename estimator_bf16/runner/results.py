@@ -93,6 +93,8 @@ class RunResult:
     memory: whether the step's memory was to be measured (`--memory`).
     train_steps: global steps each `train` call advanced, in order (empty
       when the program never trained).
+    evaluations: what each `evaluate` call returned, in order: {metric:
+      [value, dtype name]} of its scalar results.
   """
   program: str
   precision: str
@@ -122,6 +124,7 @@ class RunResult:
   xla_error: Optional[str] = None
   memory: bool = False
   train_steps: list = dataclasses.field(default_factory=list)
+  evaluations: list = dataclasses.field(default_factory=list)
 
   @property
   def problems(self):
