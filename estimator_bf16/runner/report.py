@@ -315,7 +315,8 @@ def report_json(result, budget_bytes=None, exit_code=None):
   computed in float32 for slow bfloat16 CPU kernels), 'problems' (audit),
   'train_steps' (global steps each `train` call advanced, in order),
   'evaluations' (each `evaluate` call's scalar results, {metric: [value,
-  dtype name]}),
+  dtype name]}), 'plan_made' and 'plan_error' (`check`: whether the memory
+  plan was made, else why not),
   'xla_step_bytes', 'xla_total_bytes', 'xla_planned_bytes' and 'xla_error'
   (with `check --xla`, else None: `runner.xla_check`), and with --fit 'fit'
   (every option). `exit_code` is the command's when
@@ -338,6 +339,8 @@ def report_json(result, budget_bytes=None, exit_code=None):
       'levers': levers, 'problems': list(result.problems),
       'train_steps': list(result.train_steps),
       'evaluations': list(result.evaluations),
+      'plan_made': bool(result.plans) and result.plan_error is None,
+      'plan_error': result.plan_error,
       'cpu_substituted_ops': (dict(result.reports[-1].cpu_substituted_ops)
                               if result.reports else {}),
   }
