@@ -119,6 +119,11 @@ def _record_summaries_every_n_global_steps(n, global_step=None):
       lambda: tf.equal(global_step % n, 0))
 
 
+def _module(name):
+  """A getter that imports module `name` (a renames entry)."""
+  return lambda: importlib.import_module(name)
+
+
 def _batch_and_drop_remainder(batch_size):
   return lambda dataset: dataset.batch(batch_size, drop_remainder=True)
 
@@ -209,14 +214,31 @@ CONTRIB = {
         }),
     'layers': Mapping(
         successor=('tf_slim',),
-        sources=('tf_slim', 'tf_slim.layers')),
+        sources=('tf_slim', 'tf_slim.layers'),
+        # The module paths Inception-era programs import from.
+        renames={'regularizers': _module('tf_slim.layers.regularizers'),
+                 'initializers': _module('tf_slim.layers.initializers'),
+                 'layers': _module('tf_slim.layers.layers')},
+        modules=('python.layers',)),
     'slim': Mapping(
         successor=('tf_slim',),
-        sources=('tf_slim',)),
+        sources=('tf_slim', 'tf_slim.nets'),
+        modules=('nets',)),
     'framework': Mapping(
         successor=('tf_slim', 'tf.nest'),
         sources=('tf_slim',),
-        renames={'nest': lambda: tf.nest}),
+        renames={'nest': lambda: tf.nest},
+        modules=('python.ops',)),
+    'keras': Mapping(
+        successor=('tf.keras',),
+        sources=('tf.compat.v1.keras',)),
+    'util': Mapping(
+        successor=('tf.make_ndarray', 'tf.make_tensor_proto'),
+        sources=('tf.compat.v1',),
+        renames={'constant_value': lambda: tf.get_static_value}),
+    'distribute': Mapping(
+        successor=('tf.distribute',),
+        sources=('tf.compat.v1.distribute', 'tf.distribute.experimental')),
     'training': Mapping(
         successor=('tf.compat.v1.train',),
         note='`HParams` has no successor',

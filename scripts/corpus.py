@@ -1,0 +1,429 @@
+r"""Runs public TPUEstimator programs, unmodified, under `estimator_bf16 run`.
+
+For each commit of a repository of TPUEstimator programs (tensorflow/tpu),
+each program that builds a TPUEstimator and each TensorFlow (a Python
+interpreter per virtualenv), the program runs under `run` in float32 (the
+reference: the program as written, nothing cast) and in bfloat16, with the
+smallest settings its recipe gives (`scripts/corpus_recipes.py`): a few
+training steps, one evaluation, tiny batches, and the program's null input
+or a few records this script writes in the format it reads. `check` then
+plans the step's memory. The table goes to a Markdown file:
+
+    python scripts/corpus.py --repo PATH_TO_TPU_GIT_DIR \
+        --commits HEAD,862434aa,1fe0a9b8 \
+        --python .venv/bin/python --python .venv-tf-latest/bin/python \
+        --out docs/corpus.md
+
+`--repo` is a git directory (a clone, or `git clone --bare`); each commit's
+`models/` folder is read from it blob by blob, so no checkout changes and
+nothing is downloaded. It is not part of `make test`: it needs the
+repository, and runs for an hour or more. `--programs` picks programs by a
+substring of their path, `--max_seconds` bounds each run.
+
+A program passes when, in bfloat16: it exits 0, trained its steps and
+evaluated, the audit found no problem, >= 95% of its matmul/conv FLOPs ran
+in bfloat16 (or the report named the remainder), a memory plan was made,
+and its eval metrics are the float32 run's metrics, float32, and close in
+value. A program whose float32 run fails is listed with its own reason and
+counts as not runnable, not as a failure of bfloat16.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+# This script writes records with TensorFlow: its own C++ notes are noise.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _REPO_ROOT)
+
+from scripts import corpus_recipes  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# What a passing bfloat16 run must reach (the issue's target).
+MIN_SHARE = 0.95
+# Eval metrics within this of the float32 run's: for shares (accuracy and
+# the like, in [0, 1]) as a difference, else relative to the larger
+# magnitude. Runs of four steps on a few random records move them by
+# whole examples; this catches a metric computed wrongly, not noise.
+METRIC_TOLERANCE = 0.25
+_SHARE_METRICS = re.compile(r'acc|top_?\d|precision|recall|auc', re.I)
+_PROGRAM_MARKERS = ('TPUEstimator(',)
+_MAIN_MARKERS = ('app.run(', "__name__ == '__main__'",
+                 '__name__ == "__main__"')
+
+
+@dataclasses.dataclass
+class Outcome:
+  """One run of one program: how it ended and what its report said."""
+  exit_code: Optional[int] = None
+  seconds: float = 0.0
+  reason: str = ''
+  report: Optional[dict] = None
+
+  @property
+  def ok(self):
+    return self.exit_code == 0 and self.report is not None
+
+  def short(self):
+    if self.exit_code is None:
+      return 'not run'
+    if self.ok:
+      return 'OK'
+    return 'exit %s: %s' % (self.exit_code, self.reason or 'no reason given')
+
+
+@dataclasses.dataclass
+class Row:
+  """One (commit, program, TensorFlow) of the table."""
+  commit: str
+  program: str
+  tensorflow: str
+  float32: Outcome = dataclasses.field(default_factory=Outcome)
+  bfloat16: Outcome = dataclasses.field(default_factory=Outcome)
+  plan: str = ''
+  note: str = ''
+
+  def verdict(self):
+    """('pass' | 'fail' | 'not runnable' | 'no recipe', why)."""
+    if self.note:
+      return 'no recipe', self.note
+    if not self.float32.ok:
+      return 'not runnable', 'float32: ' + self.float32.short()
+    problems = bfloat16_problems(self)
+    return ('fail', '; '.join(problems)) if problems else ('pass', '')
+
+
+def bfloat16_problems(row):
+  """Why the bfloat16 run of `row` does not meet the target (empty: it does)."""
+  out = row.bfloat16
+  if not out.ok:
+    return ['bfloat16: ' + out.short()]
+  report = out.report
+  problems = []
+  if not sum(report.get('train_steps') or []):
+    problems.append('no training step ran')
+  if report.get('problems'):
+    problems.append('audit: %s' % report['problems'][0][:200])
+  share = report.get('bfloat16_flop_share')
+  if share is None or share < MIN_SHARE:
+    problems.append('bfloat16 share %s' % _percent(share))
+  if not row.plan.startswith('OK'):
+    problems.append('memory plan: %s' % (row.plan or 'none'))
+  problems += metric_problems(row.float32.report, report)
+  return problems
+
+
+def metric_problems(reference, report):
+  """The bfloat16 run's last evaluation against the float32 run's."""
+  ours = (report.get('evaluations') or [None])[-1]
+  theirs = ((reference or {}).get('evaluations') or [None])[-1]
+  if ours is None:
+    return ['no evaluation']
+  if theirs is None:
+    return []
+  problems = []
+  if sorted(ours) != sorted(theirs):
+    problems.append('eval metrics %s, float32 gave %s' % (sorted(ours),
+                                                          sorted(theirs)))
+  for key in sorted(set(ours) & set(theirs)):
+    (value, dtype), (expected, expected_dtype) = ours[key], theirs[key]
+    if dtype != expected_dtype:
+      problems.append('eval %s is %s (float32 run: %s)' % (key, dtype,
+                                                           expected_dtype))
+    if key == 'global_step':
+      continue
+    scale = (1.0 if _SHARE_METRICS.search(key) else
+             max(abs(value), abs(expected), 1e-6))
+    if abs(value - expected) > METRIC_TOLERANCE * scale:
+      problems.append('eval %s %.4g (float32 run: %.4g)' % (key, value,
+                                                           expected))
+  return problems
+
+
+def _percent(share):
+  return 'n/a' if share is None else '%.1f%%' % (100 * share)
+
+
+def extract(git_dir, commit, dest):
+  """`models/` of `commit` into `dest`; returns the full commit hash.
+
+  Blob by blob (`git cat-file --batch`), so a snapshot whose largest
+  files are absent (notebooks, images) still yields the programs.
+  """
+  full = subprocess.run(['git', '--git-dir', git_dir, 'rev-parse', commit],
+                        check=True, capture_output=True, text=True
+                        ).stdout.strip()
+  listing = subprocess.run(
+      ['git', '--git-dir', git_dir, 'ls-tree', '-r', '-z', full, 'models'],
+      check=True, capture_output=True).stdout.decode().split('\0')
+  blobs = []
+  for entry in filter(None, listing):
+    meta, path = entry.split('\t', 1)
+    mode, kind, sha = meta.split()
+    if kind == 'blob' and mode != '120000':
+      blobs.append((sha, path))
+  done = subprocess.run(['git', '--git-dir', git_dir, 'cat-file', '--batch'],
+                        input=''.join(sha + '\n' for sha, _ in blobs).encode(),
+                        check=True, capture_output=True).stdout
+  offset = 0
+  for sha, path in blobs:
+    end = done.index(b'\n', offset)
+    header = done[offset:end].split()
+    offset = end + 1
+    if len(header) < 3 or header[1] != b'blob':  # 'SHA missing'
+      continue
+    size = int(header[2])
+    target = os.path.join(dest, path)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, 'wb') as f:
+      f.write(done[offset:offset + size])
+    offset += size + 1
+  return full
+
+
+def find_programs(root):
+  """Paths (relative to `root`) of programs that build a TPUEstimator."""
+  found = []
+  for folder, _, files in os.walk(os.path.join(root, 'models')):
+    for name in sorted(files):
+      if not name.endswith('.py') or name.endswith('_test.py'):
+        continue
+      path = os.path.join(folder, name)
+      with open(path, errors='replace') as f:
+        text = f.read()
+      if (any(m in text for m in _PROGRAM_MARKERS) and
+          any(m in text for m in _MAIN_MARKERS)):
+        found.append(os.path.relpath(path, root))
+  return sorted(found)
+
+
+def defined_flags(root):
+  """Every flag name a DEFINE_* call under `root/models` defines."""
+  names = set()
+  pattern = re.compile(r'DEFINE_\w+\(\s*(?:name\s*=\s*)?[\'"](\w+)[\'"]')
+  for folder, _, files in os.walk(os.path.join(root, 'models')):
+    for name in files:
+      if name.endswith('.py'):
+        with open(os.path.join(folder, name), errors='replace') as f:
+          names.update(pattern.findall(f.read()))
+  return names
+
+
+def _flag_name(flag):
+  return flag.lstrip('-').split('=', 1)[0]
+
+
+def _reason(stderr):
+  """The last line of a failed run that says why."""
+  lines = [l.strip() for l in stderr.splitlines() if l.strip()]
+  for line in reversed(lines):
+    if line.startswith('failed: '):
+      return line[len('failed: '):]
+  for line in reversed(lines):
+    if re.match(r'^[\w.]+(Error|Exception|Exit)\b', line):
+      return line
+  return lines[-1] if lines else ''
+
+
+def run_one(python, command, program, flags, cwd, env, report_path,
+            max_seconds):
+  """Runs `python -m estimator_bf16 COMMAND ... PROGRAM FLAGS`."""
+  args = [python, '-m', 'estimator_bf16'] + command + [
+      '--report=' + report_path, program] + flags
+  start = time.perf_counter()
+  outcome = Outcome()
+  try:
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=max_seconds, check=False)
+  except subprocess.TimeoutExpired:
+    outcome.exit_code, outcome.reason = -1, 'over %d s' % max_seconds
+    outcome.seconds = time.perf_counter() - start
+    return outcome
+  outcome.seconds = time.perf_counter() - start
+  outcome.exit_code = done.returncode
+  if os.path.exists(report_path):
+    with open(report_path) as f:
+      outcome.report = json.load(f)
+  if done.returncode:
+    outcome.reason = _reason(done.stderr)[:300]
+  with open(report_path + '.log', 'w') as f:
+    f.write(done.stderr)
+  return outcome
+
+
+def tensorflow_version(python):
+  done = subprocess.run(
+      [python, '-c', 'import importlib.metadata as m; '
+       'print(m.version("tensorflow"))'], capture_output=True, text=True,
+      check=False)
+  return done.stdout.strip() or 'unknown'
+
+
+def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log):
+  """Every program of one commit on every interpreter; returns Rows."""
+  tree = os.path.join(work, 'tree-' + commit.replace('/', '_'))
+  shutil.rmtree(tree, ignore_errors=True)
+  full = extract(git_dir, commit, tree)
+  flags_known = defined_flags(tree)
+  rows = []
+  for program in find_programs(tree):
+    if selected and not any(s in program for s in selected):
+      continue
+    recipe = corpus_recipes.recipe_for(program, full)
+    for python, version in pythons:
+      row = Row(full[:8], program, version)
+      rows.append(row)
+      if recipe is None or recipe.skip:
+        row.note = (recipe.skip if recipe is not None else
+                    'no recipe: what it needs is not known here')
+        log('%s %s TF %s: %s' % (row.commit, program, version, row.note))
+        continue
+      _run_row(row, recipe, tree, python, flags_known, work, max_seconds,
+               log)
+  return rows
+
+
+def _run_row(row, recipe, tree, python, flags_known, work, max_seconds,
+             log):
+  """Float32, bfloat16 and the plan of one program on one interpreter."""
+  scratch = tempfile.mkdtemp(prefix='corpus_', dir=work)
+  data_dir = os.path.join(scratch, 'data')
+  corpus_recipes.write_data(recipe.data, data_dir)
+  program = os.path.join(tree, row.program)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [os.path.join(tree, 'models'), _REPO_ROOT]))
+  env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+
+  def flags_for(name):
+    model_dir = os.path.join(scratch, name)
+    flags = [f.format(model_dir=model_dir, data_dir=data_dir)
+             for f in recipe.flags]
+    return [f for f in flags if _flag_name(f) in flags_known]
+
+  cwd = os.path.dirname(program)
+  for precision in ('float32', 'bfloat16'):
+    outcome = run_one(python, ['run', '--precision=' + precision], program,
+                      flags_for(precision), cwd, env,
+                      os.path.join(scratch, precision + '.json'), max_seconds)
+    setattr(row, precision, outcome)
+    log('%s %s TF %s %s: %s (%.0f s)' % (row.commit, row.program,
+                                         row.tensorflow, precision,
+                                         outcome.short(), outcome.seconds))
+    if precision == 'float32' and not outcome.ok:
+      return
+  checked = run_one(python, ['check'], program, flags_for('check'), cwd, env,
+                    os.path.join(scratch, 'check.json'), max_seconds)
+  report = checked.report or {}
+  if report.get('plan_made'):
+    row.plan = 'OK'
+  elif report.get('plan_error'):
+    row.plan = 'PROBLEM: ' + report['plan_error']
+  else:
+    row.plan = 'none (check: %s)' % checked.short()
+  log('%s %s TF %s check: %s' % (row.commit, row.program, row.tensorflow,
+                                 row.plan))
+
+
+def markdown(rows, command):
+  """The table, the pass count, and how it was made."""
+  runnable = [r for r in rows if r.verdict()[0] in ('pass', 'fail')]
+  passed = [r for r in runnable if r.verdict()[0] == 'pass']
+  lines = [
+      '| commit | program | TF | float32 | bfloat16 | bf16 share | audit | '
+      'memory plan | eval metrics | time bf16/f32 | verdict |',
+      '| --- | --- | --- | --- | --- | ---: | --- | --- | --- | ---: | --- |']
+  for row in rows:
+    verdict, why = row.verdict()
+    report = row.bfloat16.report or {}
+    audit = ('no problems' if row.bfloat16.ok and not report.get('problems')
+             else ('%d problem(s)' % len(report['problems'])
+                   if report.get('problems') else ''))
+    metrics = ''
+    if row.bfloat16.ok and row.float32.ok:
+      found = metric_problems(row.float32.report, report)
+      metrics = 'match' if not found else '; '.join(found)
+    timing = ('%.2fx' % (row.bfloat16.seconds / row.float32.seconds)
+              if row.bfloat16.ok and row.float32.ok and row.float32.seconds
+              else '')
+    lines.append('| %s | `%s` | %s | %s | %s | %s | %s | %s | %s | %s | %s%s |'
+                 % (row.commit, row.program.replace('models/', '', 1),
+                    row.tensorflow, _cell(row.float32.short()
+                                          if not row.note else '-'),
+                    _cell(row.bfloat16.short() if not row.note else '-'),
+                    _percent(report.get('bfloat16_flop_share'))
+                    if row.bfloat16.ok else '', audit, _cell(row.plan),
+                    _cell(metrics), timing, verdict,
+                    ': ' + _cell(why) if why else ''))
+  head = ['Passed: **%d of %d** runnable (program, commit, TensorFlow) '
+          'rows; %d rows not runnable in float32 or without a recipe.' % (
+              len(passed), len(runnable), len(rows) - len(runnable)), '',
+          'Made by:', '', '```sh', command, '```', '']
+  return '\n'.join(head + lines) + '\n'
+
+
+def _cell(text):
+  return str(text).replace('|', '\\|').replace('\n', ' ')[:240]
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--repo', required=True,
+                      help='git directory of tensorflow/tpu (or a clone)')
+  parser.add_argument('--commits', default='HEAD',
+                      help='comma-separated commits (default HEAD)')
+  parser.add_argument('--python', action='append', required=True,
+                      help='an interpreter with estimator_bf16 installed; '
+                      'repeat for each TensorFlow')
+  parser.add_argument('--programs', default='',
+                      help='comma-separated substrings of program paths')
+  parser.add_argument('--out', default='-', help='Markdown file, or -')
+  parser.add_argument('--json', default='', help='also write rows as JSON')
+  parser.add_argument('--work', default='',
+                      help='scratch folder (default: a temporary one)')
+  parser.add_argument('--max_seconds', type=int, default=900)
+  args = parser.parse_args(argv)
+  if not os.path.isdir(args.repo):
+    parser.error('--repo %s: no such folder' % args.repo)
+  pythons = []
+  for python in args.python:
+    # Absolute: the programs run from their own folders.
+    found = shutil.which(python) if os.sep not in python else (
+        os.path.abspath(python) if os.access(python, os.X_OK) else None)
+    if found is None:
+      parser.error('--python %s: not an executable' % python)
+    pythons.append((found, tensorflow_version(found)))
+  work = args.work or tempfile.mkdtemp(prefix='corpus_')
+  selected = [s for s in args.programs.split(',') if s]
+
+  def log(line):
+    print('corpus: ' + line, file=sys.stderr, flush=True)
+
+  rows: List[Row] = []
+  for commit in [c for c in args.commits.split(',') if c]:
+    rows += run_commit(args.repo, commit, pythons, work, selected,
+                       args.max_seconds, log)
+  command = 'python scripts/corpus.py ' + ' '.join(
+      a if not a.startswith(('/', '--repo=/')) else
+      re.sub(r'.*/', '.../', a) for a in (argv or sys.argv[1:]))
+  text = markdown(rows, command)
+  if args.out == '-':
+    sys.stdout.write(text)
+  else:
+    with open(args.out, 'w') as f:
+      f.write(text)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump([dataclasses.asdict(r) for r in rows], f, indent=1)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
