@@ -88,16 +88,22 @@ class Row:
   tensorflow: str
   float32: Outcome = dataclasses.field(default_factory=Outcome)
   bfloat16: Outcome = dataclasses.field(default_factory=Outcome)
+  float32_again: Outcome = dataclasses.field(default_factory=Outcome)
   plan: str = ''
   note: str = ''
 
   def verdict(self):
-    """('pass' | 'fail' | 'not runnable' | 'no recipe', why)."""
+    """(kind, why): kind is 'pass' or 'fail' for rows the target counts,
+    'trains only' (the program never evaluates), 'not runnable' (its
+    float32 run fails) or 'no recipe'."""
     if self.note:
       return 'no recipe', self.note
     if not self.float32.ok:
       return 'not runnable', 'float32: ' + self.float32.short()
     problems = bfloat16_problems(self)
+    if not (self.float32.report or {}).get('evaluations'):
+      problems = [p for p in problems if p != 'no evaluation']
+      return 'trains only', '; '.join(problems) or 'bfloat16 meets the rest'
     return ('fail', '; '.join(problems)) if problems else ('pass', '')
 
 
@@ -117,14 +123,30 @@ def bfloat16_problems(row):
     problems.append('bfloat16 share %s' % _percent(share))
   if not row.plan.startswith('OK'):
     problems.append('memory plan: %s' % (row.plan or 'none'))
-  problems += metric_problems(row.float32.report, report)
+  problems += metric_problems(row.float32.report, report,
+                              row.float32_again.report)
   return problems
 
 
-def metric_problems(reference, report):
-  """The bfloat16 run's last evaluation against the float32 run's."""
-  ours = (report.get('evaluations') or [None])[-1]
-  theirs = ((reference or {}).get('evaluations') or [None])[-1]
+def _last_evaluation(report):
+  return ((report or {}).get('evaluations') or [None])[-1]
+
+
+def metric_problems(reference, report, again=None):
+  """The bfloat16 run's last evaluation against the float32 run's.
+
+  Args:
+    reference: the float32 run's report.
+    report: the bfloat16 run's.
+    again: a second float32 run's report, or None. Programs without a seed
+      start from other weights each run, and a few steps on random
+      records can end anywhere: a value is close when it is within
+      `METRIC_TOLERANCE`, or within twice what the two float32 runs differ
+      by.
+  """
+  ours = _last_evaluation(report)
+  theirs = _last_evaluation(reference)
+  repeat = _last_evaluation(again) or {}
   if ours is None:
     return ['no evaluation']
   if theirs is None:
@@ -142,7 +164,8 @@ def metric_problems(reference, report):
       continue
     scale = (1.0 if _SHARE_METRICS.search(key) else
              max(abs(value), abs(expected), 1e-6))
-    if abs(value - expected) > METRIC_TOLERANCE * scale:
+    noise = abs(repeat[key][0] - expected) if key in repeat else 0.0
+    if abs(value - expected) > max(METRIC_TOLERANCE * scale, 2 * noise):
       problems.append('eval %s %.4g (float32 run: %.4g)' % (key, value,
                                                            expected))
   return problems
@@ -205,15 +228,45 @@ def find_programs(root):
   return sorted(found)
 
 
-def defined_flags(root):
-  """Every flag name a DEFINE_* call under `root/models` defines."""
-  names = set()
-  pattern = re.compile(r'DEFINE_\w+\(\s*(?:name\s*=\s*)?[\'"](\w+)[\'"]')
-  for folder, _, files in os.walk(os.path.join(root, 'models')):
-    for name in files:
-      if name.endswith('.py'):
-        with open(os.path.join(folder, name), errors='replace') as f:
-          names.update(pattern.findall(f.read()))
+_DEFINE = re.compile(r'DEFINE_\w+\(\s*(?:name\s*=\s*)?[\'"](\w+)[\'"]')
+_IMPORT = re.compile(r'^\s*(?:from\s+([\w.]+)\s+import\s+([\w, ()]+)|'
+                     r'import\s+([\w.]+))', re.M)
+
+
+def _module_files(name, folders):
+  """Files that `import name` may load from `folders`."""
+  relative = name.replace('.', os.sep)
+  for folder in folders:
+    for candidate in (relative + '.py', os.path.join(relative, '__init__.py')):
+      path = os.path.join(folder, candidate)
+      if os.path.isfile(path):
+        yield path
+
+
+def program_flags(program, folders):
+  """Flag names DEFINE_* calls define in `program` and what it imports.
+
+  A static reading: the program's imports (and theirs) that resolve to
+  files in `folders` (its own folder, the repository's `models/`, and the
+  recipe's extra paths) are scanned. Flags that other programs define are
+  not the program's, and absl refuses them.
+  """
+  names, seen, queue = set(), set(), [program]
+  while queue:
+    path = queue.pop()
+    if path in seen:
+      continue
+    seen.add(path)
+    with open(path, errors='replace') as f:
+      text = f.read()
+    names.update(_DEFINE.findall(text))
+    here = [os.path.dirname(path)] + list(folders)
+    for module, imported, plain in _IMPORT.findall(text):
+      candidates = [plain] if plain else [module] + [
+          module + '.' + n.strip() for n in imported.strip('()').split(',')
+          if n.strip()]
+      for name in candidates:
+        queue.extend(_module_files(name, here))
   return names
 
 
@@ -222,14 +275,18 @@ def _flag_name(flag):
 
 
 def _reason(stderr):
-  """The last line of a failed run that says why."""
+  """The line of a failed run that says why."""
   lines = [l.strip() for l in stderr.splitlines() if l.strip()]
   for line in reversed(lines):
     if line.startswith('failed: '):
       return line[len('failed: '):]
   for line in reversed(lines):
-    if re.match(r'^[\w.]+(Error|Exception|Exit)\b', line):
+    if (re.match(r'^[\w.]+(Error|Exception|Exit)\b', line) or
+        'FATAL Flags parsing error' in line):
       return line
+  ours = re.compile(r'^(estimator_bf16|precision|TF 1\.x|memory levers|'
+                    r'estimators built|exit code|the program built)')
+  lines = [l for l in lines if not ours.match(l)]
   return lines[-1] if lines else ''
 
 
@@ -272,7 +329,6 @@ def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log):
   tree = os.path.join(work, 'tree-' + commit.replace('/', '_'))
   shutil.rmtree(tree, ignore_errors=True)
   full = extract(git_dir, commit, tree)
-  flags_known = defined_flags(tree)
   rows = []
   for program in find_programs(tree):
     if selected and not any(s in program for s in selected):
@@ -286,20 +342,20 @@ def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log):
                     'no recipe: what it needs is not known here')
         log('%s %s TF %s: %s' % (row.commit, program, version, row.note))
         continue
-      _run_row(row, recipe, tree, python, flags_known, work, max_seconds,
-               log)
+      _run_row(row, recipe, tree, python, work, max_seconds, log)
   return rows
 
 
-def _run_row(row, recipe, tree, python, flags_known, work, max_seconds,
-             log):
+def _run_row(row, recipe, tree, python, work, max_seconds, log):
   """Float32, bfloat16 and the plan of one program on one interpreter."""
   scratch = tempfile.mkdtemp(prefix='corpus_', dir=work)
   data_dir = os.path.join(scratch, 'data')
   corpus_recipes.write_data(recipe.data, data_dir)
   program = os.path.join(tree, row.program)
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [os.path.join(tree, 'models'), _REPO_ROOT]))
+  models = os.path.join(tree, 'models')
+  paths = [models] + [os.path.join(models, p) for p in recipe.paths]
+  flags_known = program_flags(program, paths)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [_REPO_ROOT]))
   env.pop('TF_CPP_MIN_LOG_LEVEL', None)
 
   def flags_for(name):
@@ -319,6 +375,17 @@ def _run_row(row, recipe, tree, python, flags_known, work, max_seconds,
                                          outcome.short(), outcome.seconds))
     if precision == 'float32' and not outcome.ok:
       return
+  if metric_problems(row.float32.report, row.bfloat16.report or {}) and (
+      row.bfloat16.ok and _last_evaluation(row.bfloat16.report)):
+    # Apart: is it the precision, or does the program end elsewhere each
+    # run? A second float32 run says how far it moves by itself.
+    row.float32_again = run_one(
+        python, ['run', '--precision=float32'], program,
+        flags_for('float32_again'), cwd, env,
+        os.path.join(scratch, 'float32_again.json'), max_seconds)
+    log('%s %s TF %s float32 again: %s' % (
+        row.commit, row.program, row.tensorflow,
+        row.float32_again.short()))
   checked = run_one(python, ['check'], program, flags_for('check'), cwd, env,
                     os.path.join(scratch, 'check.json'), max_seconds)
   report = checked.report or {}
@@ -336,6 +403,7 @@ def markdown(rows, command):
   """The table, the pass count, and how it was made."""
   runnable = [r for r in rows if r.verdict()[0] in ('pass', 'fail')]
   passed = [r for r in runnable if r.verdict()[0] == 'pass']
+  train_only = [r for r in rows if r.verdict()[0] == 'trains only']
   lines = [
       '| commit | program | TF | float32 | bfloat16 | bf16 share | audit | '
       'memory plan | eval metrics | time bf16/f32 | verdict |',
@@ -348,8 +416,11 @@ def markdown(rows, command):
                    if report.get('problems') else ''))
     metrics = ''
     if row.bfloat16.ok and row.float32.ok:
-      found = metric_problems(row.float32.report, report)
+      found = metric_problems(row.float32.report, report,
+                              row.float32_again.report)
       metrics = 'match' if not found else '; '.join(found)
+      if not found and row.float32_again.report:
+        metrics = 'match (within what two float32 runs differ by)'
     timing = ('%.2fx' % (row.bfloat16.seconds / row.float32.seconds)
               if row.bfloat16.ok and row.float32.ok and row.float32.seconds
               else '')
@@ -362,9 +433,11 @@ def markdown(rows, command):
                     if row.bfloat16.ok else '', audit, _cell(row.plan),
                     _cell(metrics), timing, verdict,
                     ': ' + _cell(why) if why else ''))
-  head = ['Passed: **%d of %d** runnable (program, commit, TensorFlow) '
-          'rows; %d rows not runnable in float32 or without a recipe.' % (
-              len(passed), len(runnable), len(rows) - len(runnable)), '',
+  head = ['Passed: **%d of %d** (program, commit, TensorFlow) rows that '
+          'train and evaluate in float32; %d more train only (no '
+          'evaluation), %d are not runnable in float32 or have no recipe.' % (
+              len(passed), len(runnable), len(train_only),
+              len(rows) - len(runnable) - len(train_only)), '',
           'Made by:', '', '```sh', command, '```', '']
   return '\n'.join(head + lines) + '\n'
 

@@ -4,8 +4,8 @@ A recipe is the program's own flags for a CPU run of a few steps, tiny
 batches and one evaluation, and the data it reads: its null input where it
 has one ('none'), or a few records `write_data` writes in its format.
 Flags a commit's program does not define are dropped by `scripts/corpus.py`
-(it reads the DEFINE_* calls of that commit), so one recipe serves every
-commit where the flag names agree; `{model_dir}` and `{data_dir}` are
+(it reads the DEFINE_* calls of the program and the modules it imports at
+that commit), so one recipe serves every commit where the flag names agree; `{model_dir}` and `{data_dir}` are
 filled in per run.
 
 A recipe with `skip` set is listed, not run: the reason says what the
@@ -33,10 +33,13 @@ class Recipe:
       (`train.tfrecords` / `validation.tfrecords` / `test.tfrecords`) or
       'cifar' (`train.tfrecords` of raw 32x32x3 images).
     skip: if set, why the program is listed but not run.
+    paths: folders under `models/` the program expects on its import path
+      (besides `models/` and its own folder).
   """
   flags: Tuple[str, ...] = ()
   data: str = 'none'
   skip: Optional[str] = None
+  paths: Tuple[str, ...] = ()
 
 
 _SMALL_TRAIN = ('--model_dir={model_dir}', '--mode=train_and_eval',
@@ -66,7 +69,10 @@ RECIPES = {
          '--image_size=64') + _SMALL_TRAIN),
     'models/official/mnasnet/mnasnet_main.py': Recipe(
         ('--use_tpu=false', '--data_dir=null', '--model_name=mnasnet-small',
-         '--input_image_size=64', '--use_bfloat16=false') + _SMALL_TRAIN),
+         '--input_image_size=64', '--use_bfloat16=false') + _SMALL_TRAIN,
+        # mnas_utils appends 'tpu/models/official/efficientnet', relative
+        # to the working folder of a checkout named tpu.
+        paths=('official/efficientnet',)),
     'models/official/efficientnet/main.py': Recipe(
         ('--use_tpu=false', '--data_dir=null', '--model_name=efficientnet-b0',
          '--input_image_size=64', '--use_bfloat16=false',

@@ -445,6 +445,8 @@ class ContribTest(tf.test.TestCase, parameterized.TestCase):
          importlib.import_module('tf_slim.nets').inception.inception_v3),
         (contrib.keras.layers.Dense, v1.keras.layers.Dense),
         (contrib.util.make_ndarray, tf.make_ndarray),
+        (contrib.tpu.python.ops.tpu_ops.cross_replica_sum,
+         v1.tpu.cross_replica_sum),
         (contrib.distribute.MirroredStrategy, v1.distribute.MirroredStrategy)):
       self.assertIs(got, want)
 

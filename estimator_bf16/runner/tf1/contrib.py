@@ -184,7 +184,7 @@ class Mapping:
 
 _TPU_MODULES = tuple('python.tpu.' + m for m in (
     'tpu_estimator', 'tpu_config', 'tpu_optimizer', 'bfloat16', 'tpu',
-    'tpu_function', 'training_loop', 'async_checkpoint'))
+    'tpu_function', 'training_loop', 'async_checkpoint')) + ('python.ops',)
 
 # The one table. Keys are `tf.contrib` module names.
 CONTRIB = {
@@ -192,7 +192,10 @@ CONTRIB = {
         successor=('tf.compat.v1.estimator.tpu', 'tf.compat.v1.tpu'),
         sources=('tf.compat.v1.estimator.tpu', 'tf.compat.v1.tpu',
                  'tf.compat.v1.tpu.experimental'),
-        renames={'AsyncCheckpointSaverHook': _async_checkpoint_hook},
+        renames={'AsyncCheckpointSaverHook': _async_checkpoint_hook,
+                 # `from tensorflow.contrib.tpu.python.ops import tpu_ops`:
+                 # its ops (cross_replica_sum, ...) are tf.compat.v1.tpu's.
+                 'tpu_ops': lambda: tf.compat.v1.tpu},
         note='`AsyncCheckpointSaverHook` is the synchronous '
         '`CheckpointSaverHook` on TensorFlow 2.16+',
         modules=_TPU_MODULES),
