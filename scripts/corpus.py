@@ -442,6 +442,22 @@ def markdown(rows, command):
   return '\n'.join(head + lines) + '\n'
 
 
+TABLE_MARK = '<!-- corpus table: scripts/corpus.py writes below -->'
+
+
+def write_table(path, text):
+  """Writes the table to `path`: below `TABLE_MARK` when the file has it
+  (docs/corpus.md keeps its text above), else as the whole file."""
+  head = ''
+  if os.path.exists(path):
+    with open(path) as f:
+      old = f.read()
+    if TABLE_MARK in old:
+      head = old[:old.index(TABLE_MARK) + len(TABLE_MARK)] + '\n\n'
+  with open(path, 'w') as f:
+    f.write(head + text)
+
+
 def _cell(text):
   return str(text).replace('|', '\\|').replace('\n', ' ')[:240]
 
@@ -490,8 +506,7 @@ def main(argv=None):
   if args.out == '-':
     sys.stdout.write(text)
   else:
-    with open(args.out, 'w') as f:
-      f.write(text)
+    write_table(args.out, text)
   if args.json:
     with open(args.json, 'w') as f:
       json.dump([dataclasses.asdict(r) for r in rows], f, indent=1)

@@ -64,6 +64,7 @@ TF_LATEST_DEFAULT=(
   tests/test_quiet.py tests/test_progress.py tests/test_accumulation.py
   tests/test_recompute.py tests/test_fit.py tests/test_cpu_kernels.py
   tests/test_xla_step.py tests/test_keras_to_estimator.py
+  tests/test_corpus.py
 )
 TF_LATEST_DESELECT=()
 

@@ -34,6 +34,9 @@ _NOT_RUN = {
         'the same code at small sizes',
     ('docs/development.md', '.venv/bin/python -m pytest'):
         'subsets of the suite that `make test` runs',
+    ('docs/corpus.md', '.venv/bin/python scripts/corpus.py'):
+        'needs a copy of tensorflow/tpu and an hour; tests/test_corpus.py '
+        'runs the same script on a repository the test makes',
     ('docs/compat.md', 'scripts/test_matrix.sh'):
         'the suite itself: `make test` runs it',
     ('docs/tpu.md', 'gcloud'):

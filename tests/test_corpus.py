@@ -1,0 +1,210 @@
+"""The corpus runner (scripts/corpus.py) on a tiny repository it is given.
+
+The real corpus (tensorflow/tpu at three commits) takes an hour and the
+repository; here a git repository made by the test holds three programs:
+one that trains and evaluates, one whose float32 run fails, one without a
+recipe. The table must say so, row by row.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from unittest import mock
+
+import tensorflow as tf
+
+from scripts import corpus
+from scripts import corpus_recipes
+
+_TINY = '''
+from absl import app, flags
+import numpy as np
+import tensorflow.compat.v1 as tf
+from tensorflow.compat.v1 import estimator as tf_estimator
+import tiny_flags
+
+FLAGS = flags.FLAGS
+
+
+def input_fn(params):
+  rng = np.random.RandomState(0)
+  x = rng.rand(64, 6).astype(np.float32)
+  y = (x[:, 0] > 0.5).astype(np.int32)
+  return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+      params['batch_size'], drop_remainder=True)
+
+
+def model_fn(features, labels, mode, params):
+  logits = tf.layers.dense(tf.layers.dense(features, 8, tf.nn.relu), 2)
+  loss = tf.losses.sparse_softmax_cross_entropy(labels, logits)
+  train_op = tf.train.AdamOptimizer(0.05).minimize(
+      loss, tf.train.get_global_step())
+
+  def metric_fn(labels, logits):
+    return {'accuracy': tf.metrics.accuracy(labels, tf.argmax(logits, 1))}
+
+  return tf_estimator.tpu.TPUEstimatorSpec(
+      mode, loss=loss, train_op=train_op,
+      eval_metrics=(metric_fn, [labels, logits]))
+
+
+def main(argv):
+  del argv
+  estimator = tf_estimator.tpu.TPUEstimator(
+      model_fn=model_fn, use_tpu=FLAGS.use_tpu, train_batch_size=8,
+      eval_batch_size=8, config=tf_estimator.tpu.RunConfig(
+          model_dir=FLAGS.model_dir, tf_random_seed=1))
+  estimator.train(input_fn, max_steps=FLAGS.train_steps)
+  estimator.evaluate(input_fn, steps=2)
+
+
+if __name__ == '__main__':
+  app.run(main)
+'''
+_TINY_FLAGS = '''
+from absl import flags
+flags.DEFINE_string('model_dir', None, 'Where.')
+flags.DEFINE_integer('train_steps', 100, 'Steps.')
+flags.DEFINE_bool('use_tpu', True, 'TPU.')
+'''
+_BROKEN = '''
+from absl import app
+# TPUEstimator( is what marks a program; this one needs data it lacks.
+def main(argv):
+  raise FileNotFoundError('gs://bucket/train-*: no such file')
+if __name__ == '__main__':
+  app.run(main)
+'''
+
+
+def _git(folder, *args):
+  env = dict(os.environ, GIT_AUTHOR_NAME='t', GIT_AUTHOR_EMAIL='t@t',
+             GIT_COMMITTER_NAME='t', GIT_COMMITTER_EMAIL='t@t')
+  return subprocess.run(['git', '-C', folder] + list(args), env=env,
+                        check=True, capture_output=True, text=True).stdout
+
+
+class CorpusRunTest(tf.test.TestCase):
+
+  def _repository(self):
+    folder = self.create_tempdir().full_path
+    files = {
+        'models/official/tiny/tiny_main.py': _TINY,
+        'models/official/tiny/tiny_flags.py': _TINY_FLAGS,
+        'models/official/broken/broken_main.py': _BROKEN,
+        'models/official/other/other_main.py': _BROKEN,
+        'models/official/tiny/README.md': 'not a program\n',
+    }
+    for path, text in files.items():
+      os.makedirs(os.path.join(folder, os.path.dirname(path)), exist_ok=True)
+      with open(os.path.join(folder, path), 'w') as f:
+        f.write(textwrap.dedent(text))
+    _git(folder, 'init', '-q')
+    _git(folder, 'add', '.')
+    _git(folder, 'commit', '-q', '-m', 'programs')
+    return os.path.join(folder, '.git')
+
+  def test_the_table_says_what_each_program_did(self):
+    git_dir = self._repository()
+    recipes = {
+        'models/official/tiny/tiny_main.py': corpus_recipes.Recipe(
+            # --not_ours is defined nowhere: dropped, or absl would refuse.
+            ('--use_tpu=false', '--model_dir={model_dir}',
+             '--train_steps=6', '--not_ours=1')),
+        'models/official/broken/broken_main.py': corpus_recipes.Recipe(
+            ('--use_tpu=false',)),
+    }
+    out = os.path.join(self.create_tempdir().full_path, 'corpus.md')
+    with mock.patch.dict(corpus_recipes.RECIPES, recipes, clear=True):
+      code = corpus.main(['--repo', git_dir, '--commits', 'HEAD',
+                          '--python', sys.executable, '--out', out,
+                          '--work', self.create_tempdir().full_path,
+                          '--max_seconds', '120'])
+    self.assertEqual(code, 0)
+    with open(out) as f:
+      table = f.read()
+    self.assertIn('Passed: **1 of 1**', table)
+    rows = {line.split('|')[2].strip(' `'): line
+            for line in table.splitlines() if line.startswith('| ')
+            and '.py' in line}
+    self.assertEqual(sorted(rows), ['official/broken/broken_main.py',
+                                    'official/other/other_main.py',
+                                    'official/tiny/tiny_main.py'])
+    tiny = rows['official/tiny/tiny_main.py']
+    self.assertRegex(tiny, r'\| OK \| OK \| 100\.0% \| no problems \| OK \| '
+                     r'match')
+    self.assertTrue(tiny.rstrip(' |').endswith('pass'), tiny)
+    self.assertIn('not runnable: float32: exit 1: FileNotFoundError: '
+                  'gs://bucket/train-*: no such file',
+                  rows['official/broken/broken_main.py'])
+    self.assertIn('no recipe', rows['official/other/other_main.py'])
+
+
+class CorpusPartsTest(tf.test.TestCase):
+
+  def test_metric_values_dtypes_and_noise(self):
+    reference = {'evaluations': [{'accuracy': [0.5, 'float32'],
+                                  'loss': [2.0, 'float32'],
+                                  'global_step': [4, 'int64']}]}
+
+    def bf16(accuracy, loss, dtype='float32'):
+      return {'evaluations': [{'accuracy': [accuracy, dtype],
+                               'loss': [loss, 'float32'],
+                               'global_step': [4, 'int64']}]}
+
+    self.assertEqual(corpus.metric_problems(reference, bf16(0.625, 2.3)), [])
+    # A share moves by whole examples: 0.25 apart is the limit.
+    self.assertLen(corpus.metric_problems(reference, bf16(0.875, 2.0)), 1)
+    self.assertIn('eval accuracy is bfloat16',
+                  corpus.metric_problems(reference,
+                                         bf16(0.5, 2.0, 'bfloat16'))[0])
+    self.assertIn('eval loss 4',
+                  corpus.metric_problems(reference, bf16(0.5, 4.0))[0])
+    # ... unless float32 itself moves that far from one run to the next.
+    again = bf16(0.5, 3.2)
+    self.assertEqual(corpus.metric_problems(reference, bf16(0.5, 4.0),
+                                            again), [])
+    self.assertEqual(corpus.metric_problems(reference, {}), ['no evaluation'])
+
+  def test_a_programs_flags_come_from_what_it_imports(self):
+    root = self.create_tempdir().full_path
+    files = {
+        'models/a/main.py': 'import helper\nfrom common import shared\n'
+                            'flags.DEFINE_integer("steps", 1, "")\n',
+        'models/a/helper.py': 'flags.DEFINE_string(name="data_dir", '
+                              'default="", help="")\n',
+        'models/common/shared.py': "flags.DEFINE_bool('use_tpu', 1, '')\n",
+        'models/b/other.py': "flags.DEFINE_bool('precision', 1, '')\n",
+    }
+    for path, text in files.items():
+      os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
+      with open(os.path.join(root, path), 'w') as f:
+        f.write(text)
+    self.assertEqual(
+        corpus.program_flags(os.path.join(root, 'models/a/main.py'),
+                             [os.path.join(root, 'models')]),
+        {'steps', 'data_dir', 'use_tpu'})
+
+  def test_the_table_goes_below_the_mark(self):
+    path = os.path.join(self.create_tempdir().full_path, 'corpus.md')
+    with open(path, 'w') as f:
+      f.write('# Title\n\nText.\n\n' + corpus.TABLE_MARK + '\nold table\n')
+    corpus.write_table(path, 'new table\n')
+    with open(path) as f:
+      self.assertEqual(f.read(), '# Title\n\nText.\n\n' + corpus.TABLE_MARK +
+                       '\n\nnew table\n')
+
+  def test_the_reason_is_the_line_that_says_why(self):
+    self.assertEqual(corpus._reason(  # pylint: disable=protected-access
+        'Traceback ...\nValueError: bad\n\nestimator_bf16 run: p.py\n'
+        'failed: ValueError: bad (at p.py:3)\nexit code: 1\n'),
+                     'ValueError: bad (at p.py:3)')
+    self.assertEqual(corpus._reason(  # pylint: disable=protected-access
+        "FATAL Flags parsing error: Unknown command line flag 'x'\n"
+        'estimator_bf16: warning: --precision went to the program\n'),
+                     "FATAL Flags parsing error: Unknown command line flag 'x'")
+
+
+if __name__ == '__main__':
+  tf.test.main()
