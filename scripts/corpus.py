@@ -22,15 +22,15 @@ substring of their path, `--max_seconds` bounds each run.
 
 A program passes when, in bfloat16: it exits 0, trained its steps and
 evaluated, the audit found no problem, >= 95% of its matmul/conv FLOPs ran
-in bfloat16 (or the report named the remainder), a memory plan was made,
-and its eval metrics are the float32 run's metrics, float32, and close in
-value. A program whose float32 run fails is listed with its own reason and
+in bfloat16, a memory plan was made, and its eval metrics are the float32
+run's metrics, float32, and close in value (docs/corpus.md). A program whose float32 run fails is listed with its own reason and
 counts as not runnable, not as a failure of bfloat16.
 """
 
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -103,7 +103,8 @@ class Row:
     problems = bfloat16_problems(self)
     if not (self.float32.report or {}).get('evaluations'):
       problems = [p for p in problems if p != 'no evaluation']
-      return 'trains only', '; '.join(problems) or 'bfloat16 meets the rest'
+      return ('trains only', ('fail: ' + '; '.join(problems)) if problems
+              else 'pass')
     return ('fail', '; '.join(problems)) if problems else ('pass', '')
 
 
@@ -165,7 +166,9 @@ def metric_problems(reference, report, again=None):
     scale = (1.0 if _SHARE_METRICS.search(key) else
              max(abs(value), abs(expected), 1e-6))
     noise = abs(repeat[key][0] - expected) if key in repeat else 0.0
-    if abs(value - expected) > max(METRIC_TOLERANCE * scale, 2 * noise):
+    # Written so that NaN (a diverged run) is never within tolerance.
+    if not (math.isfinite(value) and abs(value - expected) <=
+            max(METRIC_TOLERANCE * scale, 2 * noise)):
       problems.append('eval %s %.4g (float32 run: %.4g)' % (key, value,
                                                            expected))
   return problems
@@ -404,6 +407,7 @@ def markdown(rows, command):
   runnable = [r for r in rows if r.verdict()[0] in ('pass', 'fail')]
   passed = [r for r in runnable if r.verdict()[0] == 'pass']
   train_only = [r for r in rows if r.verdict()[0] == 'trains only']
+  train_only_passed = [r for r in train_only if r.verdict()[1] == 'pass']
   lines = [
       '| commit | program | TF | float32 | bfloat16 | bf16 share | audit | '
       'memory plan | eval metrics | time bf16/f32 | verdict |',
@@ -434,9 +438,11 @@ def markdown(rows, command):
                     _cell(metrics), timing, verdict,
                     ': ' + _cell(why) if why else ''))
   head = ['Passed: **%d of %d** (program, commit, TensorFlow) rows that '
-          'train and evaluate in float32; %d more train only (no '
-          'evaluation), %d are not runnable in float32 or have no recipe.' % (
+          'train and evaluate in float32; of %d more that train only (no '
+          'evaluation), %d pass the rest; %d are not runnable in float32 or '
+          'have no recipe.' % (
               len(passed), len(runnable), len(train_only),
+              len(train_only_passed),
               len(rows) - len(runnable) - len(train_only)), '',
           'Made by:', '', '```sh', command, '```', '']
   return '\n'.join(head + lines) + '\n'

@@ -30,6 +30,7 @@ if not any(f.startswith('--xla_dump_to=') for f in _flags):
     _flags.append('--xla_dump_hlo_as_text')
   os.environ['XLA_FLAGS'] = ' '.join(_flags)
 
+
 def pytest_configure(config):
   """absl flags (e.g. absltest's --test_tmpdir) are read in tests, not parsed
   by pytest: mark them parsed so they fall back to their defaults."""

@@ -166,6 +166,9 @@ class CorpusPartsTest(tf.test.TestCase):
     self.assertEqual(corpus.metric_problems(reference, bf16(0.5, 4.0),
                                             again), [])
     self.assertEqual(corpus.metric_problems(reference, {}), ['no evaluation'])
+    # A diverged run is never close, however noisy float32 is.
+    self.assertIn('eval loss nan', corpus.metric_problems(
+        reference, bf16(0.5, float('nan')), again)[0])
 
   def test_a_programs_flags_come_from_what_it_imports(self):
     root = self.create_tempdir().full_path

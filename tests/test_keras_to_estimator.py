@@ -138,6 +138,27 @@ class CompatModelToEstimatorTest(tf.test.TestCase):
     self.assertBetween(metrics['train_accuracy'], 0.0, 1.0)
     self.assertTrue(np.isfinite(metrics['loss']))
 
+  def test_clipping_is_kept_and_binary_labels_may_be_integers(self):
+    model = tf.keras.models.Sequential([
+        tf.keras.layers.Flatten(input_shape=(4, 4)),
+        tf.keras.layers.Dense(1, activation='sigmoid')])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1, clipnorm=0.5),
+                  loss='binary_crossentropy', metrics=['accuracy', 'mae'])
+    cls, config = keras_estimator._legacy_optimizer(model.optimizer)  # pylint: disable=protected-access
+    self.assertEqual(cls.from_config(config).clipnorm, 0.5)
+    x = np.random.RandomState(3).rand(16, 4, 4).astype(np.float32)
+    y = (x[:, 0, 0] > 0.5).astype(np.int32)  # integer 0/1 labels
+    estimator = keras_estimator.model_to_estimator(
+        keras_model=model, model_dir=self.create_tempdir().full_path)
+
+    def input_fn():
+      return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+
+    estimator.train(input_fn, steps=2)
+    metrics = estimator.evaluate(input_fn, steps=2)
+    self.assertBetween(metrics['accuracy'], 0.0, 1.0)
+    self.assertTrue(np.isfinite(metrics['mae']))
+
   def test_bad_models_fail_at_the_call(self):
     with self.assertRaisesRegex(ValueError, 'not compiled'):
       keras_estimator.model_to_estimator(keras_model=_small_model(False))

@@ -113,7 +113,7 @@ class DescriptorFilterTest(tf.test.TestCase):
         import os, sys
         from estimator_bf16.platform import quiet
         os.write(2, b'before\\n')
-        with quiet.descriptor_filtered(quiet.is_load_noise):
+        with quiet.descriptor_filtered(quiet.LOAD_NOISE.pattern):
           os.write(2, b'WARNING: All log messages before '
                       b'absl::InitializeLog() is called are written to STDERR\\n')
           os.write(2, b'I0000 00:00:1795755151.294464   29524 port.cc:153] '
@@ -134,6 +134,37 @@ class DescriptorFilterTest(tf.test.TestCase):
     self.assertEqual(lines[lines.index('before'):], [
         'before', 'kept C++ line', 'python line',
         'F0000 00:00:1.2   7 main.cc:1] a fatal line stays', 'after'])
+
+
+  def _filtered(self, body):
+    code = textwrap.dedent('''
+        import os, sys
+        from estimator_bf16.platform import quiet
+        with quiet.descriptor_filtered(quiet.LOAD_NOISE.pattern):
+        ''') + textwrap.indent(textwrap.dedent(body), '  ')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    return subprocess.run([sys.executable, '-c', code], cwd=_REPO, env=env,
+                          capture_output=True, timeout=120, check=False)
+
+  def test_lines_written_before_an_abort_still_arrive(self):
+    # A library that logs a fatal line and aborts the process while it
+    # loads: the filter, a process of its own, passes the line on.
+    done = self._filtered('''
+        os.write(2, b'F0000 00:00:1.2   7 main.cc:1] Check failed\\n')
+        os.abort()
+        ''')
+    self.assertNotEqual(done.returncode, 0)
+    self.assertIn(b'main.cc:1] Check failed', done.stderr)
+
+  def test_more_than_a_pipe_holds_passes(self):
+    done = self._filtered('''
+        for i in range(4000):
+          os.write(2, b'%05d ' % i + b'x' * 60 + b'\\n')
+        ''')
+    self.assertEqual(done.returncode, 0, done.stderr[-500:])
+    lines = [l for l in done.stderr.splitlines() if l.endswith(b'x' * 60)]
+    self.assertLen(lines, 4000)
+    self.assertEqual(lines[-1][:5], b'03999')
 
 
 class DeprecationNoticesTest(tf.test.TestCase):

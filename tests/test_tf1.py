@@ -176,8 +176,10 @@ class Tf1RunTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(
       ('attribute', 'x = tf.contrib.opt.LazyAdamOptimizer',
        'tf.contrib.opt has no successor', 'maps tf.contrib.{'),
-      ('from_import', 'from tensorflow.contrib.training import HParams',
-       'tf.contrib.training.HParams has no successor', 'no HParams'),
+      ('from_import',
+       'from tensorflow.contrib.training import stratified_sample',
+       'tf.contrib.training.stratified_sample has no successor',
+       'rejection_resample'),
       ('module_import', 'import tensorflow.contrib.learn as learn',
        'tf.contrib.learn has no successor', 'maps tf.contrib.{'),
       ('deep_symbol', 'from tensorflow.contrib.tpu.python.tpu import nope',
@@ -394,6 +396,37 @@ class DetectTest(tf.test.TestCase, parameterized.TestCase):
                                [root, other]).tf1)
 
 
+class HParamsTest(tf.test.TestCase):
+  """tf.contrib.training.HParams, as TF 1.x programs use it."""
+
+  def test_values_keep_their_types(self):
+    hparams_class = contrib_lib.contrib().training.HParams
+    params = hparams_class(depth=50, rate=0.1, name='resnet', sizes=[1, 2],
+                           bf16=True)
+    params.parse('depth=18, rate=1, sizes=[3,4,5], bf16=false,name=r18')
+    params.add_hparam('image_size', 224)
+    params.set_hparam('image_size', '128')
+    params.override_from_dict({'rate': 3})
+    self.assertEqual(params.values(), {
+        'depth': 18, 'rate': 3.0, 'name': 'r18', 'sizes': [3, 4, 5],
+        'bf16': False, 'image_size': 128})
+    self.assertIsInstance(params.rate, float)
+    self.assertEqual(params.get('missing', 7), 7)
+    self.assertIn('depth', params)
+    self.assertEqual(hparams_class(a=1).parse_json('{"a": 2}').a, 2)
+
+  def test_mistakes_raise(self):
+    params = contrib_lib.contrib().training.HParams(depth=50, on=True)
+    with self.assertRaisesRegex(KeyError, 'Unknown hyperparameter'):
+      params.parse('width=2')
+    with self.assertRaisesRegex(ValueError, 'exists'):
+      params.add_hparam('depth', 1)
+    with self.assertRaisesRegex(ValueError, 'not a bool'):
+      params.parse('on=maybe')
+    with self.assertRaisesRegex(ValueError, 'is an int'):
+      params.set_hparam('depth', 2.5)
+
+
 class ContribTest(tf.test.TestCase, parameterized.TestCase):
   """The mapping table resolves to TensorFlow's and tf-slim's objects."""
 
@@ -445,8 +478,11 @@ class ContribTest(tf.test.TestCase, parameterized.TestCase):
          importlib.import_module('tf_slim.nets').inception.inception_v3),
         (contrib.keras.layers.Dense, v1.keras.layers.Dense),
         (contrib.util.make_ndarray, tf.make_ndarray),
-        (contrib.tpu.python.ops.tpu_ops.cross_replica_sum,
-         v1.tpu.cross_replica_sum),
+        (contrib.tpu.python.ops.tpu_ops.all_to_all,
+         importlib.import_module(
+             'tensorflow.python.tpu.ops.tpu_ops').all_to_all),
+        (contrib.distribute.TPUStrategy,
+         v1.distribute.experimental.TPUStrategy),
         (contrib.distribute.MirroredStrategy, v1.distribute.MirroredStrategy)):
       self.assertIs(got, want)
 

@@ -350,10 +350,16 @@ def _explain_misplaced(args, result):
   PROGRAM.py trains, in bfloat16, and exits 0.
   """
   for option in _misplaced_options(args, result.program_flags):
-    print('estimator_bf16: warning: %s went to the program, which does not '
-          'define it, so it had no effect: options of `%s` go before %s '
-          '(everything after PROGRAM.py goes to the program).' %
-          (option, args.command, args.program), file=sys.stderr)
+    if result.program_flags:
+      what = 'which does not define it, so it had no effect'
+    else:
+      # No absl flags: the program may read its own argv (argparse).
+      what = 'which defines no absl flags (unless it reads argv itself, it ' \
+             'had no effect)'
+    print('estimator_bf16: warning: %s went to the program, %s: options of '
+          '`%s` go before %s (everything after PROGRAM.py goes to the '
+          'program).' % (option, what, args.command, args.program),
+          file=sys.stderr)
 
 
 def _run_fit(args, budget, precisions, exclude):

@@ -6,9 +6,10 @@ and the nested `compat` copies), registers `tensorflow.estimator` /
 `tensorflow.compat.v1.estimator` (and their `tpu`, `export` submodules) in
 `sys.modules` so `import` statements find them, and on TensorFlow 2.16+
 points `tf.compat.v1.layers` at tf-keras' legacy layers (TensorFlow routes it
-to Keras 3, which has none) and registers stand-ins for the TensorFlow-internal
-estimator modules some programs import (`private_paths`). Every change is recorded with what was there
-before, and `uninstall()` puts exactly that back: the changes are a
+to Keras 3, which has none) and registers stand-ins for the
+TensorFlow-internal estimator modules some programs import
+(`private_paths`). Every change is recorded with what was there before,
+and `uninstall()` puts exactly that back: the changes are a
 `patching.Patcher`'s swaps, which `install()` starts and `uninstall()` stops.
 
 TensorFlow's `compat.v1` modules are `TFModuleWrapper`s that keep the value

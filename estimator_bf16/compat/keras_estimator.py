@@ -1,5 +1,4 @@
-"""`model_to_estimator` for TensorFlow 2.16+: a compiled Keras model as an
-Estimator.
+"""`model_to_estimator` for TensorFlow 2.16+: Keras models as Estimators.
 
 TF 1.x programs reach the Estimator from Keras with
 `tf.keras.estimator.model_to_estimator(keras_model=model)`; on TensorFlow
@@ -86,9 +85,17 @@ def _legacy_optimizer(optimizer):
         'model_to_estimator: optimizer %s has no legacy Keras class; compile '
         'with one of %s.' % (type(optimizer).__name__, ', '.join(
             n for n in dir(legacy) if n[0].isupper() and n != 'Optimizer')))
-  accepted = inspect.signature(cls.__init__).parameters
-  config = {key: value for key, value in optimizer.get_config().items()
-            if key in accepted or key == 'name'}
+  accepted = set(inspect.signature(cls.__init__).parameters)
+  # Taken through **kwargs by every legacy optimizer.
+  accepted.update(('name', 'clipnorm', 'clipvalue', 'global_clipnorm'))
+  config = optimizer.get_config()
+  for key, off in (('weight_decay', (None, 0, 0.0)), ('use_ema', (False,))):
+    if config.get(key) not in off:
+      raise NotImplementedError(
+          'model_to_estimator: %s=%r has no legacy Keras counterpart; '
+          'compile without it.' % (key, config[key]))
+  config = {key: value for key, value in config.items()
+            if key in accepted and value is not None}
   if 'learning_rate' in config and not isinstance(config['learning_rate'],
                                                   dict):
     config['learning_rate'] = float(config['learning_rate'])
@@ -116,11 +123,18 @@ def _model_inputs(model, features):
 
 
 def _metric_ops(names, loss_name, labels, outputs):
-  """{Keras metric name: (value, update_op)} for EVAL."""
+  """{Keras metric name: (value, update_op)} for EVAL.
+
+  Args:
+    names: metric names from `_compiled_metrics`.
+    loss_name: the compiled loss's name; it says what 'accuracy' means.
+    labels: the input_fn's labels (any numeric dtype).
+    outputs: float32 model outputs.
+  """
   ops = {}
   for name in names:
     if name in _REGRESSION:
-      ops[name] = _REGRESSION[name](labels, outputs)
+      ops[name] = _REGRESSION[name](tf.cast(labels, outputs.dtype), outputs)
       continue
     if 'sparse_categorical' in loss_name:
       ops[name] = tf.compat.v1.metrics.accuracy(
@@ -128,9 +142,10 @@ def _metric_ops(names, loss_name, labels, outputs):
     elif 'categorical' in loss_name:
       ops[name] = tf.compat.v1.metrics.accuracy(
           tf.argmax(labels, axis=-1), tf.argmax(outputs, axis=-1))
-    else:  # binary
+    else:  # binary: 0/1 labels of any dtype, as Keras reads them
       ops[name] = tf.compat.v1.metrics.accuracy(
-          tf.cast(labels > 0.5, tf.int32), tf.cast(outputs > 0.5, tf.int32))
+          tf.cast(tf.cast(labels, outputs.dtype) > 0.5, tf.int32),
+          tf.cast(outputs > 0.5, tf.int32))
   return ops
 
 
@@ -167,6 +182,11 @@ def _model_fn_builder(model, optimizer_class, optimizer_config, metric_names,
       labels = labels.get(output_name, next(iter(labels.values())))
     # The recipe: the loss in float32, whatever the layers computed in.
     outputs = tf.cast(outputs, tf.float32)
+    if (labels.shape.rank is not None and outputs.shape.rank is not None and
+        labels.shape.rank == outputs.shape.rank - 1 and
+        outputs.shape[-1] == 1 and 'sparse' not in loss_name):
+      # [batch] labels for a [batch, 1] output, as Keras' fit takes them.
+      labels = tf.expand_dims(labels, -1)
     loss = tf.reduce_mean(loss_fn(labels, outputs))
     if clone.losses:
       loss += tf.add_n([tf.cast(l, tf.float32) for l in clone.losses])
@@ -267,6 +287,7 @@ def model_to_estimator(keras_model=None, keras_model_path=None,
 
 
 def _renamed_metrics(model_fn, names):
+  """`model_fn` with its evaluation metrics renamed by `names`."""
   def renamed(features, labels, mode):
     spec = model_fn(features, labels, mode)
     if not spec.eval_metric_ops:

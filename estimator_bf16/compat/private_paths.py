@@ -20,8 +20,11 @@ name is not provided, rather than a bare "has no attribute".
 ones of TensorFlow 2.15).
 """
 
+import importlib.machinery
 import importlib.util
 import types
+
+import tensorflow as tf
 
 from estimator_bf16.compat import checkpoints
 from estimator_bf16.compat import config as config_lib
@@ -56,7 +59,7 @@ def _load_global_step_from_checkpoint_dir(checkpoint_dir):
   """
   try:
     return checkpoints.checkpoint_step(checkpoint_dir)
-  except (ValueError, OSError, KeyError) as unused_error:  # pylint: disable=unused-variable
+  except (ValueError, OSError, KeyError, tf.errors.OpError):
     return 0
 
 
@@ -95,10 +98,12 @@ def _packages_above(path):
 
 
 def _exists(path):
+  """Whether `path` is a real module (the stand-ins have no loader)."""
   try:
-    return importlib.util.find_spec(path) is not None
+    spec = importlib.util.find_spec(path)
   except (ImportError, ValueError):
     return False
+  return spec is not None and spec.loader is not None
 
 
 def tensorflow_estimator_present():
@@ -131,8 +136,12 @@ def stand_ins(roots=None):
           built[name] = _PrivateModule(
               name, 'A stand-in from estimator_bf16.compat (see '
               'estimator_bf16/compat/private_paths.py).')
-          # A package: its submodules are found in sys.modules.
+          # A package: its submodules are found in sys.modules. A spec
+          # without a loader, so find_spec() answers for it (and `_exists`
+          # tells it from a real module).
           built[name].__path__ = []
+          built[name].__spec__ = importlib.machinery.ModuleSpec(
+              name, None, is_package=True)
       for key, value in names.items():
         setattr(built[path], key, value)
   attached = []

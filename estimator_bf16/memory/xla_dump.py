@@ -210,5 +210,11 @@ def new_assignments(folder, before):
         'ran, and XLA reads its flags once. Call it (or set XLA_FLAGS='
         '"--xla_dump_to=DIR --xla_dump_hlo_as_text") before the first XLA '
         'compile.')
-  return sorted((parse(path) for path in added),
-                key=lambda a: a.total_bytes, reverse=True)
+  parsed = []
+  for path in added:
+    try:
+      parsed.append(parse(path))
+    except (ValueError, OSError):
+      # Another process's dump, still being written (or gone): not ours.
+      continue
+  return sorted(parsed, key=lambda a: a.total_bytes, reverse=True)

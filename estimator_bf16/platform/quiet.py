@@ -28,8 +28,8 @@ import contextlib
 import logging
 import os
 import re
+import subprocess
 import sys
-import threading
 
 VERBOSE_FLAG = '--verbose'
 VERBOSE_HELP = ("Show TensorFlow's own C++ log lines, which the package's "
@@ -84,28 +84,39 @@ def quiet_commands(argv=None, environ=None):
 # WARNING lines, the pre-initialization notice, and the cuDNN / cuFFT /
 # cuBLAS "Unable to register" errors of CPU-only machines. Fatal lines and
 # anything else (Python's own warnings included) pass.
-_LOAD_NOISE = re.compile(
+LOAD_NOISE = re.compile(
     rb'^(WARNING: All log messages before absl::InitializeLog\(\)'
     rb'|[IW]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] '
     rb'|E\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] Unable to register )')
 
 
-def is_load_noise(line):
-  """Whether `line` (bytes) is one of TensorFlow's loading lines."""
-  return _LOAD_NOISE.match(line) is not None
+# The filter runs in a process of its own: while TensorFlow's libraries
+# load, this process holds Python's lock, so a thread here could not drain
+# the pipe (a writer of more than a pipe's buffer would block for good),
+# and lines still in the pipe when a library aborts the process would be
+# lost. A separate process drains it whatever this one does, and passes on
+# everything it read after this one dies.
+_FILTER_PROGRAM = (
+    'import os, re, sys\n'
+    'drop = re.compile(sys.argv[1].encode("latin-1"))\n'
+    'for line in sys.stdin.buffer:\n'
+    '  if not drop.match(line):\n'
+    '    os.write(1, line)\n')
 
 
 @contextlib.contextmanager
-def descriptor_filtered(drop, fd=2):
-  """Inside, lines written to `fd` for which `drop(line)` is true vanish.
+def descriptor_filtered(drop_pattern, fd=2):
+  """Inside, lines written to `fd` that `drop_pattern` matches vanish.
 
   C++ code writes to the descriptor itself, below `sys.stderr`, so the
-  filter sits there: `fd` becomes a pipe whose lines a thread copies to the
-  original descriptor unless dropped. On exit `fd` is the original again
-  and every line written before has been passed on.
+  filter sits there: `fd` becomes a pipe into a small filter process that
+  copies each line to the original descriptor unless the pattern matches
+  its start. On exit `fd` is the original again and the filter has passed
+  on every line written before (it is waited for, up to 10 s: a child
+  process still holding the pipe keeps it open).
 
   Args:
-    drop: fn(bytes line) -> bool.
+    drop_pattern: bytes, a regular expression (`re.match`).
     fd: the descriptor, 2 (stderr) by default.
 
   Yields:
@@ -116,27 +127,32 @@ def descriptor_filtered(drop, fd=2):
   except OSError:  # no such descriptor: nothing to filter
     yield
     return
-  sys.stderr.flush()
-  read_end, write_end = os.pipe()
-  os.dup2(write_end, fd)
-  os.close(write_end)
-
-  def pump():
-    with os.fdopen(read_end, 'rb') as pipe:
-      for line in pipe:
-        if not drop(line):
-          os.write(saved, line)
-
-  thread = threading.Thread(target=pump, name='descriptor_filter',
-                            daemon=True)
-  thread.start()
+  try:
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    try:
+      process = subprocess.Popen(
+          [sys.executable, '-c', _FILTER_PROGRAM,
+           drop_pattern.decode('latin-1')],
+          stdin=read_end, stdout=saved, stderr=saved, close_fds=True)
+    finally:
+      os.close(read_end)
+    os.dup2(write_end, fd)
+    os.close(write_end)
+  except OSError:  # no pipe or no filter process: unfiltered, as before
+    os.close(saved)
+    yield
+    return
   try:
     yield
   finally:
     sys.stderr.flush()
-    os.dup2(saved, fd)  # the pipe's last writer closes: the pump ends
-    thread.join(timeout=10)
+    os.dup2(saved, fd)  # the pipe's last writer here closes: the filter ends
     os.close(saved)
+    try:
+      process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      pass  # it ends when the other holders of the pipe close it
 
 
 @contextlib.contextmanager
@@ -154,7 +170,7 @@ def loading_noise_hidden(argv=None):
       'tensorflow' in sys.modules):
     yield
     return
-  with descriptor_filtered(is_load_noise):
+  with descriptor_filtered(LOAD_NOISE.pattern):
     yield
 
 

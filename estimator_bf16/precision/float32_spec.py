@@ -77,9 +77,11 @@ def float32_spec(spec):
     return spec
   if any(field in fields for field in ('eval_metrics', 'host_call')):
     # Through the constructor: TensorFlow 2.15's `TPUEstimatorSpec.__new__`
-    # also stores the host calls aside (`_host_calls`), and off the TPU
+    # also stores the host calls aside (`_host_calls`, on the class, so the
+    # spec built last wins for every instance), and off the TPU
     # `as_estimator_spec` runs those, not the fields; `_replace` would skip
-    # it and hand `metric_fn` the model's bfloat16 tensors.
+    # it and hand `metric_fn` the model's bfloat16 tensors. This rebuild
+    # must stay the last spec built before TPUEstimator reads it.
     return type(spec)(**dict(spec._asdict(), **changes))
   # `_replace` keeps the class and skips the constructor's checks, which the
   # original spec already passed.

@@ -244,8 +244,16 @@ def _metric_record(metrics):
   record = {}
   for key, value in (metrics or {}).items():
     array = np.asarray(value)
-    if array.shape == () and array.dtype.kind in 'fiub':
-      record[str(key)] = [array.item(), array.dtype.name]
+    try:
+      dtype = tf.as_dtype(array.dtype)  # bfloat16 too (numpy kind 'V')
+    except TypeError:
+      continue
+    if array.shape != ():
+      continue
+    if dtype.is_floating:
+      record[str(key)] = [float(array), dtype.name]
+    elif dtype.is_integer or dtype.is_bool:
+      record[str(key)] = [int(array), dtype.name]
   return record
 
 

@@ -132,7 +132,7 @@ def _program_traceback(error, program):
   frames = list(shown.stack)
   kept = [frame for frame in frames[:-1]
           if os.path.abspath(frame.filename) != _IMPORT_HOOK] + frames[-1:]
-  if (isinstance(error, ImportError) and kept and
+  if (isinstance(error, (ImportError, SyntaxError)) and kept and
       os.path.abspath(kept[-1].filename) == _IMPORT_HOOK):
     # The hook's `import` statement is where Python reports an import
     # failing: the program line that imported is the one to show last.

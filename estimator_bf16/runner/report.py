@@ -370,9 +370,10 @@ def _unmeasured_reason(result):
             'TensorFlow loaded' % peak_lib.ALLOCATOR_ENV)
   needed = peak_lib.TRACED_CALL + 1
   if not result.train_steps:
-    return 'the program never called train; it measures step %d' % needed
-  return ('it measures step %d of a train call, and the longest call ran %d' %
-          (needed, max(result.train_steps)))
+    return ('the program never called train; it measures session run %d of '
+            'a train call' % needed)
+  return ('it measures session run %d of a train call, and the longest call '
+          'ran %d steps' % (needed, max(result.train_steps)))
 
 
 def train_step_lines(result):

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 import estimator_bf16
 from estimator_bf16.platform import shown_paths
+from estimator_bf16.runner.tf1 import hparams
 
 # The installed package's folder (not this subpackage's): its code is never
 # the program's.
@@ -194,8 +195,8 @@ CONTRIB = {
                  'tf.compat.v1.tpu.experimental'),
         renames={'AsyncCheckpointSaverHook': _async_checkpoint_hook,
                  # `from tensorflow.contrib.tpu.python.ops import tpu_ops`:
-                 # its ops (cross_replica_sum, ...) are tf.compat.v1.tpu's.
-                 'tpu_ops': lambda: tf.compat.v1.tpu},
+                 # the module moved into TensorFlow's own tpu package.
+                 'tpu_ops': _module('tensorflow.python.tpu.ops.tpu_ops')},
         note='`AsyncCheckpointSaverHook` is the synchronous '
         '`CheckpointSaverHook` on TensorFlow 2.16+',
         modules=_TPU_MODULES),
@@ -241,15 +242,21 @@ CONTRIB = {
         renames={'constant_value': lambda: tf.get_static_value}),
     'distribute': Mapping(
         successor=('tf.distribute',),
-        sources=('tf.compat.v1.distribute', 'tf.distribute.experimental')),
+        # TF 1.x's classes (TPUStrategy with steps_per_run, the parameter
+        # server strategy Estimators take), not TF 2's of the same names.
+        sources=('tf.compat.v1.distribute',
+                 'tf.compat.v1.distribute.experimental')),
     'training': Mapping(
         successor=('tf.compat.v1.train',),
-        note='`HParams` has no successor',
+        note='`HParams` is `estimator_bf16.runner.tf1.hparams.HParams`',
         sources=('tf.compat.v1.train',),
+        renames={'HParams': lambda: hparams.HParams},
         modules=('python.training.evaluation',
-                 'python.training.training'),
-        missing={'HParams': 'TensorFlow 2 has no HParams: keep the values '
-                            'in a dict or in absl flags'}),
+                 'python.training.training',
+                 'python.training.hparam'),
+        missing={'stratified_sample': 'TensorFlow 2 has none; '
+                 'tf.data.experimental.rejection_resample resamples a '
+                 'dataset by class'}),
     'summary': Mapping(
         successor=('tf.summary',),
         note='`scalar`, `histogram`, `image`, `audio` take `family` (a name '
