@@ -12,6 +12,7 @@ import textwrap
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 import estimator_bf16 as eb
 from estimator_bf16.compat import keras_estimator
@@ -105,6 +106,30 @@ class RunTest(tf.test.TestCase, parameterized.TestCase):
 
 class CompatModelToEstimatorTest(tf.test.TestCase):
   """The compat backend's own function (TensorFlow 2.16+'s), on both."""
+
+  def setUp(self):
+    super().setUp()
+    # Keras models as TF 2 programs make them, whatever another test module
+    # of this process did to the global mode (setUpModule's
+    # disable_eager_execution()).
+    self.enterContext(context.eager_mode())
+
+  def test_a_model_made_with_eager_execution_off(self):
+    # TF 1.x programs: Keras' v1 training loop, a legacy optimizer, the
+    # metrics kept on the model.
+    x = np.random.RandomState(4).rand(16, 4, 4).astype(np.float32)
+    y = x.reshape(16, -1)[:, :3].argmax(axis=1).astype(np.int32)
+    with context.graph_mode(), tf.Graph().as_default():
+      model = _small_model()
+      estimator = keras_estimator.model_to_estimator(
+          keras_model=model, model_dir=self.create_tempdir().full_path)
+
+    def input_fn():
+      return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+
+    estimator.train(input_fn, steps=2)
+    metrics = estimator.evaluate(input_fn, steps=1)
+    self.assertEqual(sorted(metrics), ['accuracy', 'global_step', 'loss'])
 
   def test_starts_from_the_models_weights(self):
     model = _small_model()

@@ -54,8 +54,11 @@ def _loss_name(loss):
 def _compiled_metrics(model):
   """The metric names the model was compiled with."""
   compiled = getattr(model, 'compiled_metrics', None)
-  # Keras keeps what `compile(metrics=...)` was given on its container.
-  user = getattr(compiled, '_user_metrics', None) or []
+  # Keras keeps what `compile(metrics=...)` was given on its container;
+  # a model compiled with eager execution off (TF 1.x's training loop)
+  # keeps it on the model.
+  user = (getattr(compiled, '_user_metrics', None) or
+          getattr(model, '_compile_metrics', None) or [])
   if isinstance(user, dict):
     raise NotImplementedError(
         'model_to_estimator: metrics per output are not supported here; '
@@ -88,9 +91,18 @@ def _legacy_optimizer(optimizer):
   accepted = set(inspect.signature(cls.__init__).parameters)
   # Taken through **kwargs by every legacy optimizer.
   accepted.update(('name', 'clipnorm', 'clipvalue', 'global_clipnorm'))
-  config = optimizer.get_config()
+  try:
+    config = optimizer.get_config()
+  except NotImplementedError:
+    # The non-legacy optimizers read their values with .numpy().
+    raise NotImplementedError(
+        'model_to_estimator: %s was made with eager execution off, and its '
+        'settings cannot be read; compile with tf.keras.optimizers.legacy.%s '
+        'or a name (e.g. "adam").' % (type(optimizer).__name__,
+                                       type(optimizer).__name__)) from None
+  # Settings only the newer optimizers have (absent from legacy configs).
   for key, off in (('weight_decay', (None, 0, 0.0)), ('use_ema', (False,))):
-    if config.get(key) not in off:
+    if config.get(key, off[0]) not in off:
       raise NotImplementedError(
           'model_to_estimator: %s=%r has no legacy Keras counterpart; '
           'compile without it.' % (key, config[key]))
