@@ -327,8 +327,15 @@ def tensorflow_version(python):
   return done.stdout.strip() or 'unknown'
 
 
-def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log):
-  """Every program of one commit on every interpreter; returns Rows."""
+def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log,
+               done=None, on_row=None):
+  """Every program of one commit on every interpreter; returns Rows.
+
+  Args:
+    done: {(commit[:8], program, TF version): Row} already run (`--resume`);
+      those rows are taken as they are.
+    on_row: fn(row), called after each row, e.g. to save progress.
+  """
   tree = os.path.join(work, 'tree-' + commit.replace('/', '_'))
   shutil.rmtree(tree, ignore_errors=True)
   full = extract(git_dir, commit, tree)
@@ -338,15 +345,29 @@ def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log):
       continue
     recipe = corpus_recipes.recipe_for(program, full)
     for python, version in pythons:
-      row = Row(full[:8], program, version)
+      key = (full[:8], program, version)
+      if done and key in done:
+        rows.append(done[key])
+        continue
+      row = Row(*key)
       rows.append(row)
       if recipe is None or recipe.skip:
         row.note = (recipe.skip if recipe is not None else
                     'no recipe: what it needs is not known here')
         log('%s %s TF %s: %s' % (row.commit, program, version, row.note))
-        continue
-      _run_row(row, recipe, tree, python, work, max_seconds, log)
+      else:
+        _run_row(row, recipe, tree, python, work, max_seconds, log)
+      if on_row is not None:
+        on_row(row)
   return rows
+
+
+def _row_from_dict(data):
+  """A Row from its `dataclasses.asdict` form (`--json`)."""
+  outcomes = {name: Outcome(**data[name]) for name in
+              ('float32', 'bfloat16', 'float32_again') if name in data}
+  fields = {k: v for k, v in data.items() if k not in outcomes}
+  return Row(**fields, **outcomes)
 
 
 def _run_row(row, recipe, tree, python, work, max_seconds, log):
@@ -480,7 +501,11 @@ def main(argv=None):
   parser.add_argument('--programs', default='',
                       help='comma-separated substrings of program paths')
   parser.add_argument('--out', default='-', help='Markdown file, or -')
-  parser.add_argument('--json', default='', help='also write rows as JSON')
+  parser.add_argument('--json', default='', help='also write rows as JSON '
+                      '(after each row)')
+  parser.add_argument('--resume', default='',
+                      help='a --json file of an earlier run: its rows are '
+                      'kept, not run again')
   parser.add_argument('--work', default='',
                       help='scratch folder (default: a temporary one)')
   parser.add_argument('--max_seconds', type=int, default=900)
@@ -501,21 +526,39 @@ def main(argv=None):
   def log(line):
     print('corpus: ' + line, file=sys.stderr, flush=True)
 
-  rows: List[Row] = []
-  for commit in [c for c in args.commits.split(',') if c]:
-    rows += run_commit(args.repo, commit, pythons, work, selected,
-                       args.max_seconds, log)
+  done = {}
+  if args.resume:
+    with open(args.resume) as f:
+      for data in json.load(f):
+        row = _row_from_dict(data)
+        done[(row.commit, row.program, row.tensorflow)] = row
   command = 'python scripts/corpus.py ' + ' '.join(
       a if not a.startswith(('/', '--repo=/')) else
       re.sub(r'.*/', '.../', a) for a in (argv or sys.argv[1:]))
-  text = markdown(rows, command)
+  rows: List[Row] = []
+
+  def save(finished=()):
+    """The table and the JSON of every row so far: an interrupted run
+    keeps what it ran, and `--resume` goes on from it."""
+    so_far = rows + list(finished)
+    if args.json:
+      with open(args.json, 'w') as f:
+        json.dump([dataclasses.asdict(r) for r in so_far], f, indent=1)
+    if args.out != '-':
+      write_table(args.out, markdown(so_far, command))
+
+  for commit in [c for c in args.commits.split(',') if c]:
+    current = []
+
+    def on_row(row, current=current):
+      current.append(row)
+      save(current)
+
+    rows += run_commit(args.repo, commit, pythons, work, selected,
+                       args.max_seconds, log, done, on_row)
+  save()
   if args.out == '-':
-    sys.stdout.write(text)
-  else:
-    write_table(args.out, text)
-  if args.json:
-    with open(args.json, 'w') as f:
-      json.dump([dataclasses.asdict(r) for r in rows], f, indent=1)
+    sys.stdout.write(markdown(rows, command))
   return 0
 
 

@@ -6,6 +6,8 @@ one that trains and evaluates, one whose float32 run fails, one without a
 recipe. The table must say so, row by row.
 """
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -188,6 +190,15 @@ class CorpusPartsTest(tf.test.TestCase):
         corpus.program_flags(os.path.join(root, 'models/a/main.py'),
                              [os.path.join(root, 'models')]),
         {'steps', 'data_dir', 'use_tpu'})
+
+  def test_rows_come_back_from_their_json(self):
+    row = corpus.Row('abcd1234', 'models/a/main.py', '2.15.1',
+                     float32=corpus.Outcome(0, 3.5, '', {'evaluations': []}),
+                     plan='OK')
+    again = corpus._row_from_dict(  # pylint: disable=protected-access
+        json.loads(json.dumps(dataclasses.asdict(row))))
+    self.assertEqual(again, row)
+    self.assertTrue(again.float32.ok)
 
   def test_the_table_goes_below_the_mark(self):
     path = os.path.join(self.create_tempdir().full_path, 'corpus.md')
