@@ -135,7 +135,7 @@ class CorpusRunTest(tf.test.TestCase):
                                     'official/tiny/tiny_main.py'])
     tiny = rows['official/tiny/tiny_main.py']
     self.assertRegex(tiny, r'\| OK \| OK \| 100\.0% \| no problems \| OK \| '
-                     r'match')
+                     r'match \(same weights\)')
     self.assertTrue(tiny.rstrip(' |').endswith('pass'), tiny)
     self.assertIn('not runnable: float32: exit 1: FileNotFoundError: '
                   'gs://bucket/train-*: no such file',
@@ -163,14 +163,21 @@ class CorpusPartsTest(tf.test.TestCase):
                                          bf16(0.5, 2.0, 'bfloat16'))[0])
     self.assertIn('eval loss 4',
                   corpus.metric_problems(reference, bf16(0.5, 4.0))[0])
-    # ... unless float32 itself moves that far from one run to the next.
-    again = bf16(0.5, 3.2)
     self.assertEqual(corpus.metric_problems(reference, bf16(0.5, 4.0),
-                                            again), [])
+                                            values=False), [])
     self.assertEqual(corpus.metric_problems(reference, {}), ['no evaluation'])
-    # A diverged run is never close, however noisy float32 is.
+    # A diverged run is never close.
     self.assertIn('eval loss nan', corpus.metric_problems(
-        reference, bf16(0.5, float('nan')), again)[0])
+        reference, bf16(0.5, float('nan')))[0])
+    # A row's values come from the float32 checkpoint evaluated in
+    # bfloat16 when there is one; names and dtypes from the fresh run.
+    row = corpus.Row('c', 'p', '2.15.1',
+                     float32=corpus.Outcome(0, 1, '', reference),
+                     bfloat16=corpus.Outcome(0, 1, '', bf16(0.9, 40.0)),
+                     same_weights=corpus.Outcome(0, 1, '', bf16(0.5, 2.1)))
+    self.assertEqual(corpus.row_metric_problems(row), [])
+    row.same_weights = corpus.Outcome(0, 1, '', bf16(0.5, 9.0))
+    self.assertIn('eval loss 9', corpus.row_metric_problems(row)[0])
 
   def test_a_programs_flags_come_from_what_it_imports(self):
     root = self.create_tempdir().full_path
