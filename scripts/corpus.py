@@ -135,7 +135,7 @@ def row_metric_problems(row):
   differs), else from the bfloat16 run."""
   report = row.bfloat16.report or {}
   same = row.same_weights.report
-  if _last_evaluation(same) is None:
+  if not _same_weights_evaluated(row):
     return metric_problems(row.float32.report, report)
   return (metric_problems(row.float32.report, report, values=False) +
           metric_problems(row.float32.report, same))
@@ -143,6 +143,18 @@ def row_metric_problems(row):
 
 def _last_evaluation(report):
   return ((report or {}).get('evaluations') or [None])[-1]
+
+
+def _same_weights_evaluated(row):
+  """Whether the bfloat16 run on the float32 checkpoint evaluated exactly
+  those weights: a program that trains `steps=N` more from a checkpoint
+  (rather than up to `max_steps`) evaluated other ones."""
+  same = _last_evaluation(row.same_weights.report)
+  reference = _last_evaluation(row.float32.report)
+  if same is None or reference is None:
+    return False
+  return (same.get('global_step') == reference.get('global_step') and
+          not sum(row.same_weights.report.get('train_steps') or []))
 
 
 def metric_problems(reference, report, values=True):
@@ -451,8 +463,9 @@ def markdown(rows, command):
     if row.bfloat16.ok and row.float32.ok:
       found = row_metric_problems(row)
       metrics = 'match' if not found else '; '.join(found)
-      if not found and _last_evaluation(row.same_weights.report):
-        metrics = 'match (same weights)'
+      if not found:
+        metrics = ('match (same weights)' if _same_weights_evaluated(row)
+                   else 'match (fresh runs)')
     timing = ('%.2fx' % (row.bfloat16.seconds / row.float32.seconds)
               if row.bfloat16.ok and row.float32.ok and row.float32.seconds
               else '')

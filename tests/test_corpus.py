@@ -178,6 +178,14 @@ class CorpusPartsTest(tf.test.TestCase):
     self.assertEqual(corpus.row_metric_problems(row), [])
     row.same_weights = corpus.Outcome(0, 1, '', bf16(0.5, 9.0))
     self.assertIn('eval loss 9', corpus.row_metric_problems(row)[0])
+    # A program that trained on from the checkpoint evaluated other
+    # weights: the fresh runs are compared instead.
+    trained_on = bf16(0.5, 9.0)
+    trained_on['evaluations'][-1]['global_step'] = [8, 'int64']
+    trained_on['train_steps'] = [4]
+    row.same_weights = corpus.Outcome(0, 1, '', trained_on)
+    row.bfloat16 = corpus.Outcome(0, 1, '', bf16(0.5, 2.2))
+    self.assertEqual(corpus.row_metric_problems(row), [])
 
   def test_a_programs_flags_come_from_what_it_imports(self):
     root = self.create_tempdir().full_path
