@@ -360,6 +360,9 @@ def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log,
   rows = []
   for program in find_programs(tree):
     if selected and not any(s in program for s in selected):
+      # Not run now; an earlier run's rows of it stay in the table.
+      rows += [done[(full[:8], program, version)] for _, version in pythons
+               if done and (full[:8], program, version) in done]
       continue
     recipe = corpus_recipes.recipe_for(program, full)
     for python, version in pythons:
@@ -419,14 +422,15 @@ def _run_row(row, recipe, tree, python, work, max_seconds, log):
       return
   if row.bfloat16.ok and _last_evaluation(row.float32.report):
     # The float32 run's checkpoint, evaluated in bfloat16: the program
-    # finds its steps done and evaluates. Two fresh runs differ by more
-    # than the precision: TF 1.x's op seeds shift with the casts, so they
-    # start from other weights (README, Known limits).
+    # finds its steps done and evaluates (or, with the recipe's
+    # `eval_flags`, runs its evaluation mode). Two fresh runs differ by
+    # more than the precision: TF 1.x's op seeds shift with the casts, so
+    # they start from other weights (README, Known limits).
     shutil.copytree(os.path.join(scratch, 'float32'),
                     os.path.join(scratch, 'same_weights'))
     row.same_weights = run_one(
         python, ['run', '--precision=bfloat16'], program,
-        flags_for('same_weights'), cwd, env,
+        flags_for('same_weights') + list(recipe.eval_flags), cwd, env,
         os.path.join(scratch, 'same_weights.json'), max_seconds)
     log('%s %s TF %s bfloat16 on the float32 checkpoint: %s' % (
         row.commit, row.program, row.tensorflow, row.same_weights.short()))

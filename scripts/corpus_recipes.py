@@ -35,11 +35,15 @@ class Recipe:
     skip: if set, why the program is listed but not run.
     paths: folders under `models/` the program expects on its import path
       (besides `models/` and its own folder).
+    eval_flags: flags added for the bfloat16 evaluation of the float32
+      run's checkpoint, for programs that would otherwise train on from
+      it (`train(steps=N)`): their evaluation-only mode.
   """
   flags: Tuple[str, ...] = ()
   data: str = 'none'
   skip: Optional[str] = None
   paths: Tuple[str, ...] = ()
+  eval_flags: Tuple[str, ...] = ()
 
 
 _SMALL_TRAIN = ('--model_dir={model_dir}', '--mode=train_and_eval',
@@ -115,9 +119,11 @@ RECIPES = {
     'models/experimental/inception/inception_v2.py': Recipe(
         tuple(f for f in _INCEPTION if not f.startswith(
             ('--width', '--height', '--precision'))) +
-        ('--width=64', '--height=64')),
-    'models/experimental/inception/inception_v3.py': Recipe(_INCEPTION),
-    'models/experimental/inception/inception_v4.py': Recipe(_INCEPTION),
+        ('--width=64', '--height=64'), eval_flags=('--mode=eval',)),
+    'models/experimental/inception/inception_v3.py': Recipe(
+        _INCEPTION, eval_flags=('--mode=eval',)),
+    'models/experimental/inception/inception_v4.py': Recipe(
+        _INCEPTION, eval_flags=('--mode=eval',)),
     'models/experimental/inception/inception_v3_old.py': Recipe(
         ('--use_tpu=false', '--master=', '--model_dir={model_dir}',
          '--use_data=fake', '--batch_size=8', '--train_steps=4',
