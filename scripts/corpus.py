@@ -361,14 +361,20 @@ def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log,
   for program in find_programs(tree):
     if selected and not any(s in program for s in selected):
       # Not run now; an earlier run's rows of it stay in the table.
-      rows += [done[(full[:8], program, version)] for _, version in pythons
-               if done and (full[:8], program, version) in done]
+      for _, version in pythons:
+        key = (full[:8], program, version)
+        if done and key in done:
+          rows.append(done[key])
+          if on_row is not None:
+            on_row(done[key])
       continue
     recipe = corpus_recipes.recipe_for(program, full)
     for python, version in pythons:
       key = (full[:8], program, version)
       if done and key in done:
         rows.append(done[key])
+        if on_row is not None:
+          on_row(done[key])
         continue
       row = Row(*key)
       rows.append(row)
