@@ -421,6 +421,12 @@ class HParamsTest(tf.test.TestCase):
       params.parse('width=2')
     with self.assertRaisesRegex(ValueError, 'exists'):
       params.add_hparam('depth', 1)
+    with self.assertRaisesRegex(ValueError, 'reserved'):
+      params.add_hparam('values', 1)
+    # As TF 1.x's: a hyperparameter whose value is None may be added over.
+    params.add_hparam('num_shards', None)
+    params.add_hparam('num_shards', 8)
+    self.assertEqual(params.num_shards, 8)
     with self.assertRaisesRegex(ValueError, 'not a bool'):
       params.parse('on=maybe')
     with self.assertRaisesRegex(ValueError, 'is an int'):

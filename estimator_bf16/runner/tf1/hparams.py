@@ -69,10 +69,16 @@ class HParams(object):
       self.add_hparam(name, value)
 
   def add_hparam(self, name, value):
-    """Adds hyperparameter `name`; ValueError if it exists."""
-    if name in self._names or hasattr(type(self), name):
+    """Adds hyperparameter `name`.
+
+    As TF 1.x's: one that exists with the value None is replaced (programs
+    add their flags over such defaults); ValueError if it has a value or
+    the name is one of this class's own.
+    """
+    if hasattr(type(self), name) or getattr(self, name, None) is not None:
       raise ValueError('Hyperparameter name is reserved or exists: %r' % name)
-    self._names.append(name)
+    if name not in self._names:
+      self._names.append(name)
     setattr(self, name, value)
 
   def set_hparam(self, name, value):
