@@ -358,23 +358,26 @@ def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log,
   shutil.rmtree(tree, ignore_errors=True)
   full = extract(git_dir, commit, tree)
   rows = []
+
+  def take_done(key):
+    """Keeps an earlier run's row for `key`; False if there is none."""
+    if not done or key not in done:
+      return False
+    rows.append(done[key])
+    if on_row is not None:
+      on_row(done[key])
+    return True
+
   for program in find_programs(tree):
     if selected and not any(s in program for s in selected):
       # Not run now; an earlier run's rows of it stay in the table.
       for _, version in pythons:
-        key = (full[:8], program, version)
-        if done and key in done:
-          rows.append(done[key])
-          if on_row is not None:
-            on_row(done[key])
+        take_done((full[:8], program, version))
       continue
     recipe = corpus_recipes.recipe_for(program, full)
     for python, version in pythons:
       key = (full[:8], program, version)
-      if done and key in done:
-        rows.append(done[key])
-        if on_row is not None:
-          on_row(done[key])
+      if take_done(key):
         continue
       row = Row(*key)
       rows.append(row)
