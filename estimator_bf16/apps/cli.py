@@ -14,13 +14,13 @@ read from). A variable already set is left as it is.
 
 import argparse
 import functools
-import importlib.metadata
 import os
 import sys
 import textwrap
 
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.estimator import tpu
+from estimator_bf16.platform import backend
 from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.platform import quiet
 from estimator_bf16.precision import audit as audit_lib
@@ -161,18 +161,6 @@ def _interrupted(planning):
   return EXIT_INTERRUPTED
 
 
-def _tensorflow_version():
-  """(major, minor) of the installed TensorFlow, read without importing it."""
-  try:
-    version = importlib.metadata.version('tensorflow')
-  except importlib.metadata.PackageNotFoundError:
-    return (0, 0)
-  try:
-    return tuple(int(part) for part in version.split('.')[:2])
-  except ValueError:
-    return (0, 0)
-
-
 def _misplaced_options(args, program_flags):
   """Our options given after PROGRAM.py that the program does not define."""
   parser = build_parser()
@@ -226,7 +214,7 @@ def _write_report(path, data):
 
 
 def _set_environment(args):
-  if _tensorflow_version() >= (2, 16):
+  if backend.installed_tf_version() >= (2, 16):
     os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   if getattr(args, 'memory', False) or (args.command == 'run' and args.fit):
     os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')

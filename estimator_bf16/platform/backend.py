@@ -6,6 +6,8 @@
   `estimator_bf16.compat.TPUEstimator`, which runs on the CPU/GPU only.
 """
 
+import importlib.metadata
+
 SUPPORTED = ('TensorFlow 2.15.x (tf.estimator and TPUEstimator, CPU and '
              'Cloud TPU) or TensorFlow 2.16+ (estimator_bf16.compat, CPU/GPU '
              'only)')
@@ -15,6 +17,19 @@ BACKENDS = (ESTIMATOR_BACKEND, COMPAT_BACKEND)
 # What `make_tpu_estimator(backend=...)` takes besides a backend's name: the
 # installed TensorFlow's own (the compat one under a strategy).
 AUTO_BACKEND = 'auto'
+
+
+def installed_tf_version():
+  """(major, minor) of the installed TensorFlow, read without importing it;
+  (0, 0) if it is not installed or its version is unreadable."""
+  try:
+    version = importlib.metadata.version('tensorflow')
+  except importlib.metadata.PackageNotFoundError:
+    return (0, 0)
+  try:
+    return tuple(int(part) for part in version.split('.')[:2])
+  except ValueError:
+    return (0, 0)
 
 
 def tf_version(tf):

@@ -31,6 +31,8 @@ import re
 import subprocess
 import sys
 
+from estimator_bf16.platform import backend
+
 VERBOSE_FLAG = '--verbose'
 VERBOSE_HELP = ("Show TensorFlow's own C++ log lines, which the package's "
                 'commands hide by default.')
@@ -160,14 +162,17 @@ def loading_noise_hidden(argv=None):
   """Inside, TensorFlow's loading lines are dropped from descriptor 2.
 
   Acts as `quiet_commands` does: only in a command of this package,
-  without `--verbose`, and only while TensorFlow has not loaded yet.
+  without `--verbose`, and only while TensorFlow has not loaded yet; and
+  only for TensorFlow 2.16+ (2.15's loading lines obey its log level), so
+  that no filter process starts where there is nothing to filter.
 
   Args:
     argv: the interpreter's full command line (default `sys.orig_argv`).
   """
   argv = list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
   if (not is_package_command(argv) or VERBOSE_FLAG in argv or
-      'tensorflow' in sys.modules):
+      'tensorflow' in sys.modules or
+      backend.installed_tf_version() < (2, 16)):
     yield
     return
   with descriptor_filtered(LOAD_NOISE.pattern):
