@@ -25,12 +25,15 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 
-tf.random.set_seed(0)  # the same initial weights in both precisions
+# Seeded layers: the same initial weights and dropout masks in both
+# precisions, so the two runs differ by the precision alone.
 model = tf.keras.models.Sequential([
     tf.keras.layers.Flatten(input_shape=(28, 28)),
-    tf.keras.layers.Dense(32, activation='relu'),
-    tf.keras.layers.Dropout(0.2),
-    tf.keras.layers.Dense(10, activation='softmax')])
+    tf.keras.layers.Dense(32, activation='relu', kernel_initializer=(
+        tf.keras.initializers.GlorotUniform(seed=1))),
+    tf.keras.layers.Dropout(0.2, seed=2),
+    tf.keras.layers.Dense(10, activation='softmax', kernel_initializer=(
+        tf.keras.initializers.GlorotUniform(seed=3)))])
 model.compile(optimizer='adam', loss='sparse_categorical_crossentropy',
               metrics=['accuracy'])
 
@@ -62,6 +65,19 @@ def _small_model(compiled=True, metrics=('accuracy',)):
     model.compile(optimizer='adam', loss='sparse_categorical_crossentropy',
                   metrics=list(metrics))
   return model
+
+
+def _examples(count, seed):
+  """4x4 images and a label the model can learn: the brightest of the
+  first three pixels."""
+  x = np.random.RandomState(seed).rand(count, 4, 4).astype(np.float32)
+  return x, x.reshape(count, -1)[:, :3].argmax(axis=1).astype(np.int32)
+
+
+def _repeating(features, labels):
+  """An input_fn over (features, labels), repeated, in batches of 8."""
+  return lambda: tf.data.Dataset.from_tensor_slices(
+      (features, labels)).repeat().batch(8)
 
 
 class RunTest(tf.test.TestCase, parameterized.TestCase):
@@ -117,16 +133,11 @@ class CompatModelToEstimatorTest(tf.test.TestCase):
   def test_a_model_made_with_eager_execution_off(self):
     # TF 1.x programs: Keras' v1 training loop, a legacy optimizer, the
     # metrics kept on the model.
-    x = np.random.RandomState(4).rand(16, 4, 4).astype(np.float32)
-    y = x.reshape(16, -1)[:, :3].argmax(axis=1).astype(np.int32)
+    input_fn = _repeating(*_examples(16, seed=4))
     with context.graph_mode(), tf.Graph().as_default():
       model = _small_model()
       estimator = keras_estimator.model_to_estimator(
           keras_model=model, model_dir=self.create_tempdir().full_path)
-
-    def input_fn():
-      return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
-
     estimator.train(input_fn, steps=2)
     metrics = estimator.evaluate(input_fn, steps=1)
     self.assertEqual(sorted(metrics), ['accuracy', 'global_step', 'loss'])
@@ -145,17 +156,12 @@ class CompatModelToEstimatorTest(tf.test.TestCase):
 
   def test_trains_and_names_its_metrics(self):
     model = _small_model(metrics=('acc',))
-    x = np.random.RandomState(2).rand(32, 4, 4).astype(np.float32)
-    y = x.reshape(32, -1)[:, :3].argmax(axis=1).astype(np.int32)
+    x, y = _examples(32, seed=2)
     estimator = keras_estimator.model_to_estimator(
         keras_model=model, model_dir=self.create_tempdir().full_path,
         metric_names_map={'acc': 'train_accuracy'})
-
-    def input_fn():
-      return tf.data.Dataset.from_tensor_slices(
-          ({model.input_names[0]: x}, y)).repeat().batch(8)
-
-    wrapped = eb.wrap_input_fn(input_fn, 'bfloat16')
+    wrapped = eb.wrap_input_fn(_repeating({model.input_names[0]: x}, y),
+                               'bfloat16')
     estimator._model_fn = eb.wrap_model_fn(estimator.model_fn, 'bfloat16')  # pylint: disable=protected-access
     estimator.train(wrapped, steps=5)
     metrics = estimator.evaluate(wrapped, steps=2)
@@ -175,12 +181,8 @@ class CompatModelToEstimatorTest(tf.test.TestCase):
     y = (x[:, 0, 0] > 0.5).astype(np.int32)  # integer 0/1 labels
     estimator = keras_estimator.model_to_estimator(
         keras_model=model, model_dir=self.create_tempdir().full_path)
-
-    def input_fn():
-      return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
-
-    estimator.train(input_fn, steps=2)
-    metrics = estimator.evaluate(input_fn, steps=2)
+    estimator.train(_repeating(x, y), steps=2)
+    metrics = estimator.evaluate(_repeating(x, y), steps=2)
     self.assertBetween(metrics['accuracy'], 0.0, 1.0)
     self.assertTrue(np.isfinite(metrics['mae']))
 
