@@ -60,6 +60,8 @@ _INCEPTION = ('--tpu=', '--use_tpu=false', '--model_dir={model_dir}',
               '--precision=float32')
 _COCO = ('needs COCO-format TFRecords with box annotations, a COCO json and '
          'pycocotools; no recipe writes them yet')
+_EXPORT = ('exports a trained checkpoint as a SavedModel: no training or '
+           'evaluation to compare')
 _TPU_ONLY = 'hard-codes use_tpu=True (TPU embedding / no use_tpu flag)'
 
 # Program paths (under the repository root) -> a recipe, or {commit prefix:
@@ -166,6 +168,19 @@ RECIPES = {
     'models/official/mask_rcnn/mask_rcnn_main.py': Recipe(skip=_COCO),
     'models/official/mask_rcnn/distributed_executer.py': Recipe(skip=_COCO),
     'models/official/detection/main.py': Recipe(skip=_COCO),
+    # Export tools: they load a trained checkpoint and write a SavedModel;
+    # nothing is trained or evaluated, so there is no float32 run to compare.
+    'models/official/detection/export_saved_model.py': Recipe(skip=_EXPORT),
+    'models/official/detection/projects/fashionpedia/export_saved_model.py':
+        Recipe(skip=_EXPORT),
+    'models/official/mask_rcnn/export_saved_model.py': Recipe(skip=_EXPORT),
+    'models/official/unet3d/export_saved_model.py': Recipe(skip=_EXPORT),
+    'models/experimental/resnet_bfloat16/resnet_benchmark.py': Recipe(
+        skip='hard-codes bfloat16 (no precision flag), benchmark of '
+        'resnet_main'),
+    'models/samples/core/get_started/custom_tpuestimator.py': Recipe(
+        skip='downloads the iris CSVs at run time (no network here) and '
+        'reads them with pandas, not in the environment'),
 }
 
 

@@ -681,6 +681,76 @@ estimator.evaluate(input_fn, steps=1)""",
     self.assertNotIn('float32 remainder',
                      run_report.format_run_report(result))
 
+  @parameterized.named_parameters(
+      ('estimator_without_config', 'tf_estimator.Estimator(model_fn, '
+       'model_dir=sys.argv[1])'),
+      ('tpu_estimator_with_its_own_seed', 'tf_estimator.tpu.TPUEstimator('
+       'model_fn, use_tpu=False, train_batch_size=4, eval_batch_size=4, '
+       'config=tf_estimator.tpu.RunConfig(model_dir=sys.argv[1], '
+       'tf_random_seed=99))'))
+  def test_seed_makes_unseeded_random_input_repeat(self, construct):
+    # The input is drawn by an unseeded op, as tensorflow/tpu's fake-data
+    # modes draw it; the evaluation reports the first example's values.
+    program = self._program('''
+        import json, sys
+        import tensorflow as tf
+        from tensorflow.compat.v1 import estimator as tf_estimator
+
+        def input_fn(params):
+          data = tf.data.Dataset.from_tensors(0).repeat().map(
+              lambda _: tf.random.uniform([3]))
+          return data.map(lambda x: (x, 0)).batch(4)
+
+        def model_fn(features, labels, mode, params):
+          logits = tf.compat.v1.layers.dense(features, 2)
+          loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+          train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+              loss, tf.compat.v1.train.get_global_step())
+
+          def metric_fn(features):
+            first = tf.cast(features[0], tf.float32)
+            return {'x%%d' %% i: tf.compat.v1.metrics.mean(first[i])
+                    for i in range(3)}
+
+          if 'batch_size' in params:  # TPUEstimator
+            return tf_estimator.tpu.TPUEstimatorSpec(
+                mode, loss=loss, train_op=train_op,
+                eval_metrics=(metric_fn, [features]))
+          return tf_estimator.EstimatorSpec(
+              mode, loss=loss, train_op=train_op,
+              eval_metric_ops=metric_fn(features))
+
+        estimator = %s
+        estimator.train(input_fn, max_steps=1)
+        result = estimator.evaluate(input_fn, steps=1)
+        with open(sys.argv[2], 'w') as f:
+          json.dump([float(result['x%%d' %% i]) for i in range(3)], f)
+        ''' % construct)
+
+    def first_example(precision, seed):
+      folder = self.create_tempdir().full_path
+      out = os.path.join(folder, 'x.json')
+      result = runner.run_program(program, [folder, out],
+                                  precision=precision, seed=seed)
+      self.assertEqual(result.exit_code, 0, result.error)
+      with open(out) as f:
+        return json.load(f)
+
+    seeded = first_example('float32', 7)
+    self.assertAllEqual(first_example('float32', 7), seeded)
+    # bfloat16 inputs: the same draws, rounded to bfloat16's 8 bits.
+    self.assertAllClose(first_example('bfloat16', 7), seeded, rtol=2**-8,
+                        atol=0)
+    other = first_example('float32', 8)
+    self.assertGreater(max(abs(a - b) for a, b in zip(other, seeded)), 1e-3)
+
+  @parameterized.parameters(-1, 1.5, True)
+  def test_bad_seed_is_refused_before_anything_runs(self, seed):
+    program = self._program('raise SystemExit("must not run")')
+    with self.assertRaisesRegex(runner.ProgramError,
+                                r'--seed must be an integer >= 0'):
+      runner.run_program(program, seed=seed)
+
   def test_check_without_train_call_fails(self):
     program = self._program('print("no training here")')
     result = runner.run_program(program, check=True)

@@ -137,6 +137,11 @@ def build_parser():
     if name == 'run':
       command.add_argument('--memory', action='store_true',
                            help='measure the peak memory of a training step')
+      command.add_argument(
+          '--seed', type=int, metavar='N',
+          help="graph-level random seed of every Estimator (its RunConfig's "
+          "tf_random_seed, over the program's own): runs in either "
+          'precision then draw the same random input data')
     else:
       command.add_argument(
           '--xla', action='store_true',
@@ -248,6 +253,8 @@ def main(argv=None):
   if args.audit not in audit_lib.AUDIT_MODES:
     return _error('--audit must be one of %s, got %r.' % (
         ', '.join(audit_lib.AUDIT_MODES), args.audit))
+  if getattr(args, 'seed', None) is not None and args.seed < 0:
+    return _error('--seed must be an integer >= 0, got %d.' % args.seed)
   if args.accumulate < 1:
     return _error('--accumulate must be an integer >= 1 (micro-batches per '
                   'update), got %d.' % args.accumulate)
@@ -300,7 +307,7 @@ def main(argv=None):
         tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
         gradient_accumulation_steps=args.accumulate,
         recompute=args.recompute, kernels=args.kernels,
-        plan_fn=plan_fn, xla_fn=xla_fn)
+        plan_fn=plan_fn, xla_fn=xla_fn, seed=getattr(args, 'seed', None))
   except runner.ProgramError as e:
     return _error(str(e))
   except KeyboardInterrupt:

@@ -114,6 +114,21 @@ def _micro_batch(run, arguments):
   run.result.micro_batches.append((batch, micro))
 
 
+def _seeded_config(arguments, seed, tpu):
+  """Gives the Estimator's config `tf_random_seed=seed` (`run --seed`).
+
+  The Estimator sets it as the graph-level seed of every graph it builds,
+  so ops the program left unseeded (fake-data generators, dropout) draw
+  the same numbers in a float32 and a bfloat16 run.
+  """
+  config = arguments.get('config')
+  if config is None:
+    run_config = (tf.compat.v1.estimator.tpu.RunConfig if tpu else
+                  tf.compat.v1.estimator.RunConfig)
+    config = run_config()
+  arguments['config'] = config.replace(tf_random_seed=seed)
+
+
 def _refuse_tpu_without_tpu(config):
   """Raises when a TPUEstimator(use_tpu=True) has no TPU to run on.
 
@@ -161,6 +176,8 @@ def _patched_init(original, tpu):
       _refuse_tpu_without_tpu(arguments.get('config'))
     if run.check:
       _scratch_model_dir(arguments, run.scratch_dir())
+    if run.seed is not None:
+      _seeded_config(arguments, run.seed, tpu)
     if tpu and run.steps > 1:
       _micro_batch(run, arguments)
     if arguments.get('model_fn') is not None:

@@ -102,7 +102,7 @@ def _first_line(text, limit=300):
 def run_program(program, args=(), precision='bfloat16', audit='strict',
                 exclude=(), memory=False, check=False, plan_fn=None,
                 tf1=None, tf1_paths=(), gradient_accumulation_steps=1,
-                recompute=False, kernels='auto', xla_fn=None):
+                recompute=False, kernels='auto', xla_fn=None, seed=None):
   """Runs `program` as `__main__` with its Estimators in `precision`.
 
   Args:
@@ -130,6 +130,10 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     xla_fn: in check mode, `xla_fn(train_graph, result) -> record` run
       after `plan_fn`, in the same environment (`check --xla`); its result
       goes to `RunResult.xla`, a failure's one-line reason to `xla_error`.
+    seed: None, or an int >= 0 every Estimator gets as its RunConfig's
+      `tf_random_seed` (over the program's), so runs in either precision
+      draw the same unseeded random data. Op seeds follow the order ops are
+      made in, so initializers made after a cast may still differ.
 
   Returns:
     A `RunResult`. The program's traceback (if it raised) is printed to
@@ -140,11 +144,15 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
   """
   _check_options(program, precision, audit, exclude, tf1, tf1_paths,
                  gradient_accumulation_steps, recompute, kernels)
+  if seed is not None and (isinstance(seed, bool) or
+                           not isinstance(seed, int) or seed < 0):
+    raise ProgramError('--seed must be an integer >= 0, got %r.' % (seed,))
   result = RunResult(program=program, precision=precision,
                      gradient_accumulation_steps=gradient_accumulation_steps,
                      recompute=recompute, kernels=kernels, memory=memory)
   run = run_state.ProgramRun(precision, audit, tuple(exclude), memory, check,
                              result)
+  run.seed = seed
 
   def count_resolver(stand_in):
     del stand_in

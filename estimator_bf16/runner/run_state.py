@@ -78,6 +78,8 @@ class ProgramRun(object):
     self.train_input_fn = None
     self.train_config = None
     self._scratch = None
+    # RunConfig.tf_random_seed of every Estimator, or None (the program's).
+    self.seed = None
 
   def scratch_dir(self):
     """A fresh folder for check mode's model_dirs; see `close`."""
