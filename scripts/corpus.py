@@ -405,8 +405,24 @@ def _row_from_dict(data):
 
 
 def _run_row(row, recipe, tree, python, work, max_seconds, log):
-  """Float32, bfloat16 and the plan of one program on one interpreter."""
+  """Float32, bfloat16 and the plan of one program on one interpreter.
+
+  The row's folder keeps each run's report and stderr (`NAME.json`,
+  `NAME.json.log`); its model_dirs and data are deleted at the end, as
+  three commits of ImageNet-sized checkpoints fill a disk.
+  """
   scratch = tempfile.mkdtemp(prefix='corpus_', dir=work)
+  try:
+    _run_in(scratch, row, recipe, tree, python, max_seconds, log)
+  finally:
+    for name in os.listdir(scratch):
+      path = os.path.join(scratch, name)
+      if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _run_in(scratch, row, recipe, tree, python, max_seconds, log):
+  """`_run_row` in its folder `scratch`."""
   data_dir = os.path.join(scratch, 'data')
   corpus_recipes.write_data(recipe.data, data_dir)
   program = os.path.join(tree, row.program)
