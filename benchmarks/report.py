@@ -251,14 +251,23 @@ def xla_lines(results):
   if rows:
     lines += _table(
         '**The planner against XLA** (bytes of one step; error = planned / '
-        'XLA - 1; K micro-batches of batch / K):',
+        'XLA - 1; K micro-batches of batch / K; XLA bf16 products: its '
+        'matmuls and convolutions computed in bfloat16, of all):',
         ['model', 'batch', 'precision', 'levers', 'K', 'XLA MiB',
-         'planned MiB', 'error'],
+         'planned MiB', 'error', 'XLA bf16 products'],
         [[row['model'], '%d' % row['batch'], row['precision'],
           row['levers'], '%d' % row['steps'], '%.0f' % row['xla_mib'],
-          '%.0f' % row['planned_mib'], '%+.1f%%' % (100 * row['error'])]
+          '%.0f' % row['planned_mib'], '%+.1f%%' % (100 * row['error']),
+          _products(row.get('xla_products'))]
          for row in rows])
   return lines
+
+
+def _products(counts):
+  """'bf16 of all' for a {HLO type: count} of XLA's products, or '-'."""
+  if not counts:
+    return '-'
+  return '%d of %d' % (counts.get('bf16', 0), sum(counts.values()))
 
 
 def lever_lines(results):

@@ -64,7 +64,8 @@ def planner_rows(spec, batch_size, precisions=('float32', 'bfloat16'),
 
   Returns:
     list of dicts: 'model', 'batch', 'precision', 'levers', 'steps',
-    'xla_mib', 'planned_mib', 'error' (planned / XLA - 1).
+    'xla_mib', 'planned_mib', 'error' (planned / XLA - 1), 'xla_products'
+    ({HLO type: count} of XLA's matmuls and convolutions).
   """
   rows = []
   for precision in precisions:
@@ -78,5 +79,6 @@ def planner_rows(spec, batch_size, precisions=('float32', 'bfloat16'),
           'model': spec.name, 'batch': batch_size, 'precision': precision,
           'levers': name, 'steps': steps, 'xla_mib': step.step_bytes / MiB,
           'planned_mib': planned / MiB,
-          'error': planned / step.step_bytes - 1})
+          'error': planned / step.step_bytes - 1,
+          'xla_products': step.product_dtypes})
   return rows

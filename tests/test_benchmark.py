@@ -713,6 +713,14 @@ def test_xla_tables_are_the_quotients_they_name(tmp_path):
     assert _positive_finite(row['xla_mib'])
     assert row['error'] == pytest.approx(
         row['planned_mib'] / row['xla_mib'] - 1)
+    assert set(row['xla_products']) <= {'f32', 'bf16'}
+    if row['precision'] == 'float32':
+      assert row['xla_products'].get('bf16', 0) == 0
   lines = report.xla_lines(results)
+  (bf16_plain,) = [l for l in lines
+                    if l.startswith('| mnist_mlp | 64 | bfloat16 | plain |')]
+  assert bf16_plain.endswith('| %d of %d |' % (
+      rows[4]['xla_products'].get('bf16', 0),
+      sum(rows[4]['xla_products'].values())))
   assert '**The planner against XLA**' in '\n'.join(lines)
   assert len([l for l in lines if l.startswith('| mnist_mlp')]) == 9

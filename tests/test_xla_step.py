@@ -297,6 +297,18 @@ class XlaStepTest(tf.test.TestCase):
     self.assertLess(result.variable_bytes, 3 * weights + 64)
     self.assertEqual(result.loops, _LOOPS)
     self.assertIsNotNone(result.seconds_per_step)
+    # Two dense layers: two matmuls forward, their gradients backward.
+    self.assertEqual(result.product_dtypes.get('bf16', 0), 0)
+    self.assertGreaterEqual(result.product_dtypes['f32'], 4)
+
+  def test_a_bfloat16_step_counts_its_products_by_type(self):
+    result = _on_xla(models.adam_model_fn, precision='bfloat16')
+    float32_step = _on_xla(models.adam_model_fn)
+    # The same matmuls as the float32 build, each f32 or bf16, whichever
+    # this XLA computes them in.
+    self.assertEqual(sum(result.product_dtypes.values()),
+                     sum(float32_step.product_dtypes.values()))
+    self.assertContainsSubset(result.product_dtypes, {'f32', 'bf16'})
 
   def test_another_compile_dumped_meanwhile_is_not_taken_for_the_step(self):
     # A folder shared with other processes (pytest-xdist workers, a dump
@@ -381,6 +393,13 @@ class CheckXlaCommandTest(tf.test.TestCase):
     self.assertGreater(data['xla_step_bytes'], 0)
     self.assertGreaterEqual(data['xla_total_bytes'], data['xla_step_bytes'])
     self.assertIsNone(data['xla_error'])
+    # bfloat16 (the default): the report says how many products XLA
+    # computed in bfloat16, and the JSON has the counts.
+    counts = data['xla_product_dtypes']
+    self.assertGreater(sum(counts.values()), 0)
+    self.assertIn('XLA computed %d of its %d matmuls and convolutions in '
+                  'bfloat16 here' % (counts.get('bf16', 0),
+                                     sum(counts.values())), proc.stderr)
 
   def test_an_uncompilable_op_is_one_line_naming_the_program(self):
     folder = self.create_tempdir().full_path
@@ -474,6 +493,27 @@ class BufferAssignmentTest(tf.test.TestCase):
     self.assertEqual(parsed.parameters(), [(0, 'f32[3,32,64]', 24576),
                                            (7, 'f32[64,10]', 2560)])
     self.assertEqual(parsed.result_copy_bytes(), 2560 + 56)
+
+  def test_product_dtypes_read_from_the_module_beside_the_assignment(self):
+    folder = self.create_tempdir().full_path
+    stem = os.path.join(folder, 'module_3.cluster.cpu_after_optimizations')
+    with open(stem + '-buffer-assignment.txt', 'w') as f:
+      f.write('Total bytes used: 8\n')
+    with open(stem + '.txt', 'w') as f:
+      f.write(textwrap.dedent('''\
+          %MatMul.1 = f32[64,16]{1,0} dot(%convert.2, %convert.3), lhs_contracting_dims={1}
+          %conv.4 = bf16[8,4,4,2]{3,2,1,0} convolution(%p0, %p1), window={size=3x3}
+          %mm.5 = bf16[64,16]{1,0} custom-call(%a, %b), custom_call_target="__onednn$matmul"
+          %sort.6 = f32[64]{0} custom-call(%c), custom_call_target="TopK"
+          %add.7 = f32[64,16]{1,0} add(%MatMul.1, %b)
+          '''))
+    self.assertEqual(
+        xla_dump.product_dtypes(stem + '-buffer-assignment.txt'),
+        {'f32': 1, 'bf16': 2})
+    # No module dumped beside it: unknown, not zero.
+    os.remove(stem + '.txt')
+    self.assertIsNone(
+        xla_dump.product_dtypes(stem + '-buffer-assignment.txt'))
 
   def test_not_an_assignment(self):
     path = os.path.join(self.create_tempdir().full_path, 'x.txt')

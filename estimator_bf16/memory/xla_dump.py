@@ -187,6 +187,50 @@ def parse(path):
   return BufferAssignment(path, total, allocations)
 
 
+# An instruction of the optimized module that multiplies: its result type
+# and its opcode (`%dot.3 = f32[8,4]{1,0} dot(...)`); oneDNN's matmuls and
+# convolutions are custom calls with those words in their target.
+_PRODUCT = re.compile(r'= (\w+)\[[^\]]*\]\S*\s+(dot|convolution|custom-call)\(')
+_PRODUCT_TARGET = re.compile(r'custom_call_target="[^"]*(matmul|conv)', re.I)
+_ASSIGNMENT_SUFFIX = '-' + _SUFFIX
+
+
+def product_dtypes(assignment_path):
+  """Result types of the matmuls and convolutions XLA compiled.
+
+  XLA dumps the optimized module beside its buffer assignment
+  (`X.cpu_after_optimizations.txt` beside
+  `X.cpu_after_optimizations-buffer-assignment.txt`). Its CPU backend
+  computes a bfloat16 matmul from operands converted to float32, with a
+  float32 result, where a TPU multiplies in bfloat16: this count says how
+  far a bfloat16 step compiled here is from one compiled for a TPU.
+
+  Args:
+    assignment_path: str, a `*buffer-assignment.txt` file.
+
+  Returns:
+    {HLO type name ('f32', 'bf16', ...): count of dot, convolution and
+    matmul/convolution custom-call instructions}, or None when the module
+    was not dumped beside the assignment.
+  """
+  if not assignment_path.endswith(_ASSIGNMENT_SUFFIX):
+    return None
+  module = assignment_path[:-len(_ASSIGNMENT_SUFFIX)] + '.txt'
+  if not os.path.isfile(module):
+    return None
+  counts = {}
+  with open(module) as f:
+    for line in f:
+      match = _PRODUCT.search(line)
+      if match is None:
+        continue
+      if (match.group(2) == 'custom-call' and
+          not _PRODUCT_TARGET.search(line)):
+        continue
+      counts[match.group(1)] = counts.get(match.group(1), 0) + 1
+  return counts
+
+
 def new_assignments(folder, before):
   """The buffer assignments dumped into `folder` since `before` was taken.
 

@@ -141,6 +141,8 @@ class XlaStep:
     assignment_path: str, the buffer-assignment file read.
     variables: with `return_variables`, {name: numpy value} of the global
       variables after the last loop; else None.
+    product_dtypes: {HLO type: count} of the compiled matmuls and
+      convolutions by result type (`xla_dump.product_dtypes`), or None.
   """
   step_bytes: int
   total_bytes: int
@@ -153,6 +155,7 @@ class XlaStep:
   seconds_per_step: Optional[float]
   assignment_path: str
   variables: Optional[dict] = None
+  product_dtypes: Optional[dict] = None
 
 
 def _xla_shape(tensor):
@@ -434,4 +437,5 @@ def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
       loops=loops, loss=float(np.asarray(loss_value)), global_step=step,
       seconds_per_step=(float(np.median(times[1:])) / iterations_per_loop
                         if len(times) > 1 else None),
-      assignment_path=assignment.path, variables=variables)
+      assignment_path=assignment.path, variables=variables,
+      product_dtypes=xla_dump.product_dtypes(assignment.path))

@@ -317,7 +317,8 @@ def report_json(result, budget_bytes=None, exit_code=None):
   'evaluations' (each `evaluate` call's scalar results, {metric: [value,
   dtype name]}), 'plan_made' and 'plan_error' (`check`: whether the memory
   plan was made, else why not),
-  'xla_step_bytes', 'xla_total_bytes', 'xla_planned_bytes' and 'xla_error'
+  'xla_step_bytes', 'xla_total_bytes', 'xla_planned_bytes',
+  'xla_product_dtypes' (HLO type: matmuls and convolutions) and 'xla_error'
   (with `check --xla`, else None: `runner.xla_check`), and with --fit 'fit'
   (every option). `exit_code` is the command's when
   given (a check that found nothing fitting exits 1), else the program's.
@@ -347,10 +348,12 @@ def report_json(result, budget_bytes=None, exit_code=None):
   data['xla_error'] = result.xla_error
   data['xla_step_bytes'] = data['xla_total_bytes'] = None
   data['xla_planned_bytes'] = None
+  data['xla_product_dtypes'] = None
   if result.xla is not None:
     data['xla_step_bytes'] = result.xla.step.step_bytes
     data['xla_total_bytes'] = result.xla.step.total_bytes
     data['xla_planned_bytes'] = result.xla.planned_bytes
+    data['xla_product_dtypes'] = result.xla.step.product_dtypes
   if result.fit is not None:
     data['peak_step_bytes'] = fit_measured_bytes(result) or None
   if fitted is not None:
@@ -514,6 +517,16 @@ def xla_lines(result):
         100.0 * (check.planned_bytes / step.step_bytes - 1)))
   elif check.plan_error:
     lines.append('  planned: not available (%s)' % check.plan_error)
+  products = step.product_dtypes or {}
+  if check.precision == 'bfloat16' and sum(products.values()):
+    in_bf16 = products.get('bf16', 0)
+    lines.append(
+        '  XLA computed %d of its %d matmuls and convolutions in bfloat16 '
+        'here%s' % (in_bf16, sum(products.values()),
+                    '' if in_bf16 == sum(products.values()) else
+                    ", the rest in float32 (XLA's CPU backend converts "
+                    'their bfloat16 operands to float32; a TPU multiplies in '
+                    'bfloat16), so a TPU holds less than this figure'))
   lines.append('  %d steps ran: loss %.4g, global_step %d. XLA on a CPU '
                'does not pad to TPU tiles or schedule as a TPU does.' % (
                    step.loops * step.iterations_per_loop, step.loss,
