@@ -767,7 +767,8 @@ class CommandLineTest(tf.test.TestCase, parameterized.TestCase):
        '--precision must be one of float32, bfloat16'),
       ('audit', ['check', '--audit=loud', 'x.py'], '--audit must be one of'),
       ('missing', ['run', 'no_such_program.py'], 'no_such_program.py: no such'),
-      ('command', ['train', 'x.py'], 'invalid choice'))
+      ('command', ['train', 'x.py'], 'invalid choice'),
+      ('seed', ['run', '--seed=-1', 'x.py'], '--seed must be an integer >= 0'))
   def test_bad_command_line_exits_2(self, argv, message):
     with tf.compat.v1.test.mock.patch.object(sys, 'stderr') as stderr:
       code = cli.main(argv)
