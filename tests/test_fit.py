@@ -397,10 +397,11 @@ class RunFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     report = os.path.join(self.create_tempdir().full_path, 'fit.json')
     program, _ = self._program(name)
     proc = _cli('run', '--fit', '--memory_budget=%d' % budget,
-                '--report=' + report, *program)
+                '--seed=3', '--report=' + report, *program)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     with open(report) as f:
       data = json.load(f)
+    self.assertEqual(data['seed'], 3)  # --seed reaches the fitted run
     levers = data['levers']
     self.assertEqual(levers['precision'], 'bfloat16')
     # A lever beyond bfloat16 was needed, and applied.

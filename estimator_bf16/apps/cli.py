@@ -376,7 +376,7 @@ def _run_fit(args, budget, precisions, exclude):
         args.program, args.program_args, budget_bytes=budget,
         precisions=precisions, audit=args.audit, exclude=exclude,
         tf1=args.tf1, tf1_paths=tuple(args.tf1_path), on_choice=announce,
-        kernels=args.kernels)
+        kernels=args.kernels, seed=args.seed)
   except runner.ProgramError as e:
     return _error(str(e))
   except KeyboardInterrupt:

@@ -27,11 +27,11 @@ from estimator_bf16.runner import report as run_report
 def run_with_fit(program, args=(), *, budget_bytes,
                  precisions=precision_lib.PRECISIONS, audit='strict',
                  exclude=(), tf1=None, tf1_paths=(), on_choice=None,
-                 kernels='auto'):
+                 kernels='auto', seed=None):
   """Runs `program` with the cheapest levers that fit `budget_bytes`.
 
   Args:
-    program, args, audit, exclude, tf1, tf1_paths, kernels: as for
+    program, args, audit, exclude, tf1, tf1_paths, kernels, seed: as for
       `runner.run_program`.
     budget_bytes: int, memory of one core (or of this CPU's process).
     precisions: the precisions the fit may choose from.
@@ -53,7 +53,7 @@ def run_with_fit(program, args=(), *, budget_bytes,
   planning = runner.run_program(
       program, args, precision=precisions[-1], audit=audit, exclude=exclude,
       check=True, plan_fn=plan_fn, tf1=tf1, tf1_paths=tf1_paths,
-      kernels=kernels)
+      kernels=kernels, seed=seed)
   fitted = planning.plans
   if (planning.train_graph is None or planning.error is not None or
       (audit == 'strict' and planning.problems) or
@@ -66,6 +66,6 @@ def run_with_fit(program, args=(), *, budget_bytes,
       program, args, precision=chosen.precision, audit=audit,
       exclude=exclude, memory=True, tf1=tf1, tf1_paths=tf1_paths,
       gradient_accumulation_steps=chosen.gradient_accumulation_steps,
-      recompute=chosen.recompute, kernels=kernels)
+      recompute=chosen.recompute, kernels=kernels, seed=seed)
   result.fit = fitted
   return planning, result

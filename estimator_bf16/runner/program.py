@@ -149,10 +149,11 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     raise ProgramError('--seed must be an integer >= 0, got %r.' % (seed,))
   result = RunResult(program=program, precision=precision,
                      gradient_accumulation_steps=gradient_accumulation_steps,
-                     recompute=recompute, kernels=kernels, memory=memory)
+                     recompute=recompute, kernels=kernels, memory=memory,
+                     seed=seed)
   run = run_state.ProgramRun(precision, audit, tuple(exclude), memory, check,
                              result)
-  run.seed = seed
+  run.seed = seed  # also in result.seed, for the report
 
   def count_resolver(stand_in):
     del stand_in

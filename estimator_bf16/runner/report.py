@@ -310,7 +310,8 @@ def report_json(result, budget_bytes=None, exit_code=None):
   'planned_peak_bytes' and 'budget_bytes' (with --fit, else None),
   'bfloat16_flop_share' (of the last TRAIN graph, None without one),
   'levers' ({'precision', 'gradient_accumulation_steps', 'recompute',
-  'kernels'}: the run's, or with `check --fit` the chosen ones),
+  'kernels'}: the run's, or with `check --fit` the chosen ones), 'seed'
+  (`run --seed`, else None),
   'cpu_substituted_ops' ({op type: count} of the last TRAIN graph's ops
   computed in float32 for slow bfloat16 CPU kernels), 'problems' (audit),
   'train_steps' (global steps each `train` call advanced, in order),
@@ -337,7 +338,8 @@ def report_json(result, budget_bytes=None, exit_code=None):
       'planned_peak_bytes': None, 'budget_bytes': budget_bytes,
       'bfloat16_flop_share': (result.reports[-1].bfloat16_flop_share
                               if result.reports else None),
-      'levers': levers, 'problems': list(result.problems),
+      'levers': levers, 'seed': result.seed,
+      'problems': list(result.problems),
       'train_steps': list(result.train_steps),
       'evaluations': list(result.evaluations),
       'plan_made': bool(result.plans) and result.plan_error is None,

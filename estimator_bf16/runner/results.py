@@ -83,6 +83,7 @@ class RunResult:
     gradient_accumulation_steps: K, micro-batches per update.
     recompute: whether activations were recomputed in backprop.
     kernels: 'auto' or 'bfloat16', as `run_program` was given.
+    seed: the graph-level seed every Estimator got (`run --seed`), or None.
     micro_batches: for each TPUEstimator with K > 1, (train_batch_size as
       the program gave it, the micro-batch it trained at).
     fit: with `run --fit`, the `estimator_bf16.memory.fit.FitResult` whose
@@ -118,6 +119,7 @@ class RunResult:
   gradient_accumulation_steps: int = 1
   recompute: bool = False
   kernels: str = 'auto'
+  seed: Optional[int] = None
   micro_batches: list = dataclasses.field(default_factory=list)
   fit: Any = None
   xla: Any = None
