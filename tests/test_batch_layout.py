@@ -243,6 +243,79 @@ tf_estimator.Estimator(model_fn).train(input_fn, max_steps=1)
 '''
 
 
+# A plain Estimator (no params['batch_size']) fed images batch-last, as
+# tensorflow/tpu's amoeba_net feeds them off the TPU.
+_PLAIN_ESTIMATOR_IMAGES = '''
+import numpy as np
+import tensorflow as tf
+from tensorflow.compat.v1 import estimator as tf_estimator
+
+TRANSPOSED = %r
+
+def input_fn():
+  images = np.zeros([64, 16, 16, 3], np.float32)
+  data = tf.data.Dataset.from_tensor_slices((images, np.zeros([64], np.int32)))
+  data = data.repeat().batch(4, drop_remainder=True)
+  if TRANSPOSED:
+    data = data.map(lambda x, y: (tf.transpose(x, [1, 2, 3, 0]), y))
+  return data
+
+def model_fn(features, labels, mode):
+  net = tf.transpose(features, [3, 0, 1, 2]) if TRANSPOSED else features
+  for filters in (16, 32):
+    net = tf.compat.v1.layers.conv2d(net, filters, 3, padding='same',
+                                     activation=tf.nn.relu)
+  logits = tf.compat.v1.layers.dense(tf.reduce_mean(net, axis=[1, 2]), 10)
+  loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
+      labels, tf.cast(logits, tf.float32))
+  train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(
+      loss, tf.compat.v1.train.get_global_step())
+  return tf_estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+tf_estimator.Estimator(model_fn).train(input_fn, max_steps=1)
+'''
+
+
+class PlainEstimatorLayoutTest(tf.test.TestCase):
+  """Without params['batch_size'] the labels tell where the batch is."""
+
+  def _checked(self, transposed):
+    path = os.path.join(self.create_tempdir().full_path, 'program.py')
+    with open(path, 'w') as f:
+      f.write(textwrap.dedent(_PLAIN_ESTIMATOR_IMAGES % transposed))
+    result = runner.run_program(
+        path, check=True,
+        plan_fn=lambda graph: run_report.memory_plans(
+            graph, precisions=('bfloat16',), optimizers=('adam',)))
+    self.assertIsNone(result.plan_error)
+    return result
+
+  def test_batch_last_images_plan_like_batch_first(self):
+    moved = self._checked(True)
+    self.assertEqual(moved.train_graph.features.batch_axis, 3)
+    self.assertEqual(moved.train_graph.features.shape.as_list(), [16, 16, 3])
+    first = self._checked(False)
+    self.assertEqual(first.train_graph.features.batch_axis, 0)
+    ((_, plan),) = moved.plans.items()
+    ((_, reference),) = first.plans.items()
+    for batch in _BATCHES:
+      self.assertAllClose(plan.step_bytes(batch), reference.step_bytes(batch),
+                          rtol=_TOLERANCE, msg='batch %d' % batch)
+
+  def test_labels_batch_size(self):
+    self.assertEqual(batch_dim.labels_batch_size(
+        tf.TensorSpec([4], tf.int32)), 4)
+    self.assertEqual(batch_dim.labels_batch_size(
+        {'a': tf.TensorSpec([4, 10], tf.float32),
+         'b': tf.TensorSpec([4], tf.int32)}), 4)
+    # Disagreeing, unknown, scalar or missing labels show no batch.
+    for labels in ({'a': tf.TensorSpec([4], tf.int32),
+                    'b': tf.TensorSpec([5], tf.int32)},
+                   tf.TensorSpec([None], tf.int32),
+                   tf.TensorSpec([], tf.int32), None):
+      self.assertIsNone(batch_dim.labels_batch_size(labels))
+
+
 class PlanFailureTest(tf.test.TestCase):
   """A plan that cannot be made fails `check`, naming its cause."""
 

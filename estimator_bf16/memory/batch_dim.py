@@ -173,6 +173,31 @@ def example_specs(batch, batch_size):
   return tf.nest.map_structure(spec_of, batch)
 
 
+def labels_batch_size(labels):
+  """The batch size the labels show, or None.
+
+  A plain Estimator passes its model_fn no `params['batch_size']`; its
+  labels (`[N]`, `[N, classes]`, ...) still have the batch first, where
+  the features may not (tensorflow/tpu's amoeba_net feeds HWCN images to
+  a plain Estimator off the TPU).
+
+  Args:
+    labels: nest of `tf.Tensor` / `tf.TensorSpec`, or None.
+
+  Returns:
+    int, the first dimension every label with one shares statically, or
+    None (no labels, scalars only, unknown or disagreeing sizes).
+  """
+  sizes = set()
+  for item in tf.nest.flatten(labels):
+    if item is None or not item.shape.rank:
+      continue
+    sizes.add(item.shape.as_list()[0])
+  if len(sizes) == 1 and None not in sizes:
+    return sizes.pop()
+  return None
+
+
 def static_batch_size(batch, batch_size):
   """The static batch size of a nest of batched tensors, if it has one.
 

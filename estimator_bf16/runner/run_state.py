@@ -146,6 +146,9 @@ class ProgramRun(object):
   def train_graph(self, model_fn, features, labels, params, facts):
     """A `TrainGraph` of the graph being built; specs None if not dense."""
     batch = dict(params or {}).get('batch_size')
+    if batch is None:
+      # A plain Estimator passes no batch size: the labels show it.
+      batch = batch_dim.labels_batch_size(labels)
     try:
       # Where each input's batch is (dimension 0, or last for
       # tensorflow/tpu's transposed images) decides the plan's shapes.
