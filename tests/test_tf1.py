@@ -274,6 +274,55 @@ class Tf1RunTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual('tf1_outside_lib' in sys.modules, not tf1_paths)
       sys.modules.pop('tf1_outside_lib', None)
 
+  def test_a_shared_tf1_module_on_the_path_runs_as_tf1(self):
+    # As tensorflow/tpu's programs import models/common and
+    # models/hyperparameters through PYTHONPATH: TF 1.x code outside the
+    # program's folder, with no --tf1_path.
+    root = self.create_tempdir().full_path
+    shared = os.path.join(root, 'shared')
+    os.makedirs(shared)
+    self._write(shared, 'tf1_shared_hooks.py', '''
+        import tensorflow as tf
+
+        class CountingHook(tf.train.SessionRunHook):
+          calls = 0
+
+          def after_run(self, run_context, run_values):
+            CountingHook.calls += 1
+            tf.logging.info('step done')
+        ''')
+    program = self._write(root, 'program.py', '''
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import numpy as np
+        import tensorflow as tf
+        import tf1_shared_hooks
+
+        def input_fn(params):
+          x = np.ones([8, 3], np.float32)
+          return tf.data.Dataset.from_tensor_slices(
+              (x, np.zeros([8], np.int32))).repeat().batch(4)
+
+        def model_fn(features, labels, mode, params):
+          logits = tf.layers.dense(features, 2)
+          loss = tf.losses.sparse_softmax_cross_entropy(labels, logits)
+          train_op = tf.train.GradientDescentOptimizer(0.1).minimize(
+              loss, tf.train.get_global_step())
+          return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+        tf.estimator.Estimator(model_fn, model_dir=sys.argv[2]).train(
+            input_fn, max_steps=3, hooks=[tf1_shared_hooks.CountingHook()])
+        assert tf1_shared_hooks.CountingHook.calls == 3
+        ''')
+    try:
+      result, err = self._run_quietly(
+          program, [shared, self.create_tempdir().full_path])
+    finally:
+      sys.modules.pop('tf1_shared_hooks', None)
+    self.assertEqual(result.exit_code, 0, result.error or err[-2000:])
+    self.assertTrue(result.tf1)
+    self.assertEqual(result.train_steps, [3])
+
   def test_everything_is_put_back(self):
     folder = self.create_tempdir().full_path
     program = self._write(folder, 'program.py', '''
@@ -604,6 +653,25 @@ class ShapesTest(tf.test.TestCase):
         root, '.venv', 'lib', 'site-packages', 'tf_slim', 'x.py')))
     self.assertFalse(scope.covers(eb.__file__))
     self.assertFalse(scope.covers(root + '_sibling/x.py'))
+
+  def test_covers_a_tf1_module_outside_the_folders_by_its_source(self):
+    scope = scope_lib.Tf1Scope([self.create_tempdir().full_path])
+    elsewhere = self.create_tempdir().full_path
+    sources = {
+        'tf1.py': 'import tensorflow as tf\ntf.logging.info("x")\n',
+        'v1_compat.py': 'import tensorflow.compat.v1 as tf\n'
+                        'tf.logging.info("x")\n',
+        'tf2.py': 'import tensorflow as tf\nx = tf.constant(1)\n',
+        'python2.py': 'print "x"\n'}
+    for name, source in sources.items():
+      with open(os.path.join(elsewhere, name), 'w') as f:
+        f.write(source)
+    covered = {name: scope.covers(os.path.join(elsewhere, name))
+               for name in sources}
+    self.assertEqual(covered, {'tf1.py': True, 'v1_compat.py': False,
+                               'tf2.py': False, 'python2.py': False})
+    # The Python installation's own files never are.
+    self.assertFalse(scope.covers(os.__file__))
 
 
 if __name__ == '__main__':

@@ -14,7 +14,10 @@ same builtins dict marks their frames for TF 1.x shapes
   * `builtins`: the dict to run the program's `__main__` with;
   * a finder on `sys.meta_path` that gives the same builtins to every
     module imported from a file under `folders` (not from site-packages or
-    this package);
+    this package), and to a module from anywhere else outside the Python
+    installation whose own source is TF 1.x code (`detect`): programs
+    share such modules through `PYTHONPATH` (tensorflow/tpu's
+    `models/common`, `models/hyperparameters`);
   * TF 1.x shapes for those modules.
 All of it is undone on exit.
 """
@@ -26,6 +29,7 @@ import os
 import sys
 
 import estimator_bf16
+from estimator_bf16.runner.tf1.detect import detect as detect_tf1
 from estimator_bf16.runner.tf1 import module as module_lib
 
 # The installed package's folder (not this subpackage's): its code is never
@@ -34,6 +38,11 @@ _PACKAGE_DIR = os.path.abspath(estimator_bf16.__path__[0])
 # Installed libraries can sit under a program's folder (a virtualenv next
 # to the program); they keep the real TensorFlow.
 _LIBRARY_DIRS = ('site-packages', 'dist-packages')
+# The Python installation (and virtualenv) running the program: the
+# standard library and whatever is installed, never the program's code.
+_INSTALLATION_DIRS = tuple(sorted({
+    os.path.realpath(p) + os.sep for p in (
+        sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}))
 
 
 def _tf1_target(tf1, name, fromlist):
@@ -105,6 +114,7 @@ class Tf1Scope(object):
     self.builtins = _make_builtins(self.tf1)
     self._finder = _Tf1Finder(self)
     self._shapes = None
+    self._read = {}  # path outside `folders` -> whether it is TF 1.x code
 
   def covers(self, path):
     """True if the file at `path` is TF 1.x code of this scope."""
@@ -115,7 +125,19 @@ class Tf1Scope(object):
       return False
     if any(part in _LIBRARY_DIRS for part in path.split(os.sep)):
       return False
-    return path.startswith(self.folders)
+    if path.startswith(self.folders):
+      return True
+    if (path.startswith(_INSTALLATION_DIRS) or not path.endswith('.py') or
+        not os.path.isfile(path)):
+      return False
+    if path not in self._read:
+      # Only this file's own uses count: a module that imports
+      # `tensorflow.compat.v1 as tf`, or no TensorFlow, is left alone.
+      try:
+        self._read[path] = detect_tf1(path, ()).tf1
+      except (SyntaxError, UnicodeDecodeError, OSError):
+        self._read[path] = False  # Python fails on it as it would anyway
+    return self._read[path]
 
   def __enter__(self):
     self._shapes = module_lib.v1_shapes_for(self.builtins)
