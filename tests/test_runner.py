@@ -545,6 +545,28 @@ estimator.evaluate(input_fn, steps=1)""",
     self.assertIn('the program built no Estimator',
                   run_report.format_run_report(result))
 
+  def test_an_error_in_converted_layer_code_names_its_last_line(self):
+    # Keras converts a layer's `call` with autograph in graph mode; the
+    # error's message starts 'in user code:' and ends with the error.
+    program = self._program('''
+        import tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+
+        def moments(x):
+          raise TypeError('moments() got an unexpected keyword argument')
+
+        class Layer(tf.compat.v1.layers.Dense):
+          def call(self, inputs):
+            return moments(inputs)
+
+        Layer(3)(tf.zeros([2, 4]))
+        ''')
+    result = runner.run_program(program)
+    self.assertEqual(result.exit_code, 1)
+    self.assertIn('failed: TypeError: moments() got an unexpected keyword '
+                  'argument (at %s:6)\n' % program,
+                  run_report.format_run_report(result))
+
   def test_sys_exit_with_message(self):
     result = runner.run_program(self._program('import sys; sys.exit("bad")'))
     self.assertEqual(result.exit_code, 1)

@@ -11,6 +11,7 @@ which executes it as `__main__` and turns how it ended (normal exit,
 
 import contextlib
 import os
+import re
 import runpy
 import signal
 import sys
@@ -89,17 +90,39 @@ def forget_program_state(folders, result):
         del sys.modules[name]
 
 
+# A frame quoted inside an error's message, as autograph quotes the user
+# code it converted: `File "/path/model.py", line 396, in call  *`.
+_QUOTED_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
 def _failure_reason(error, folders):
   """'Type: first line of the message (at file:line)', the line the
-  innermost frame of the program's own code was at."""
+  innermost frame of the program's own code was at.
+
+  Errors raised in code autograph converted (a Keras layer's `call` in
+  graph mode) read 'in user code:', then the frames, then the error: the
+  reason takes that last line, and the innermost quoted frame of the
+  program's own files.
+  """
   prefixes = _folder_prefixes(folders)
   where = None
   for frame, lineno in traceback.walk_tb(error.__traceback__):
     path = frame.f_code.co_filename
     if os.path.realpath(path).startswith(prefixes):
       where = shown_paths.shown_location(path, lineno)
-  lines = str(error).strip().splitlines()
-  return '%s%s%s' % (type(error).__name__, ': ' + lines[0] if lines else '',
+  message = str(error).strip()
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
+  headline = lines[0] if lines else ''
+  if len(lines) > 1 and headline.endswith(':'):
+    for path, lineno in _QUOTED_FRAME.findall(message):
+      if os.path.realpath(path).startswith(prefixes):
+        where = shown_paths.shown_location(path, int(lineno))
+    headline = lines[-1]
+    own_type = type(error).__name__ + ': '
+    if headline.startswith(own_type):
+      headline = headline[len(own_type):]
+  return '%s%s%s' % (type(error).__name__,
+                     ': ' + headline if headline else '',
                      ' (at %s)' % where if where else '')
 
 
