@@ -458,9 +458,11 @@ def _run_in(scratch, row, recipe, tree, python, max_seconds, log):
     # they start from other weights (README, Known limits).
     shutil.copytree(os.path.join(scratch, 'float32'),
                     os.path.join(scratch, 'same_weights'))
+    eval_flags = [f for f in recipe.eval_flags
+                  if _flag_name(f) in flags_known]
     row.same_weights = run_one(
         python, ['run', '--seed=%d' % _SEED, '--precision=bfloat16'], program,
-        flags_for('same_weights') + list(recipe.eval_flags), cwd, env,
+        flags_for('same_weights') + eval_flags, cwd, env,
         os.path.join(scratch, 'same_weights.json'), max_seconds)
     log('%s %s TF %s bfloat16 on the float32 checkpoint: %s' % (
         row.commit, row.program, row.tensorflow, row.same_weights.short()))

@@ -58,6 +58,10 @@ _INCEPTION = ('--tpu=', '--use_tpu=false', '--model_dir={model_dir}',
               '--eval_batch_size=8', '--eval_total_size=8', '--iterations=2',
               '--num_shards=8', '--width=128', '--height=128',
               '--precision=float32')
+# The evaluation-only mode of the programs that have one: evaluate the
+# newest checkpoint, then stop (mobilenet waits `eval_timeout` seconds for
+# another, at least `min_eval_interval` after the last).
+_EVAL_MODE = ('--mode=eval', '--eval_timeout=1', '--min_eval_interval=0')
 _COCO = ('needs COCO-format TFRecords with box annotations, a COCO json and '
          'pycocotools; no recipe writes them yet')
 _EXPORT = ('exports a trained checkpoint as a SavedModel: no training or '
@@ -72,17 +76,18 @@ _TPU_ONLY = 'hard-codes use_tpu=True (TPU embedding / no use_tpu flag)'
 RECIPES = {
     'models/official/resnet/resnet_main.py': Recipe(
         ('--tpu=', '--use_tpu=false', '--data_dir=null', '--resnet_depth=18',
-         '--image_size=64') + _SMALL_TRAIN),
+         '--image_size=64') + _SMALL_TRAIN, eval_flags=_EVAL_MODE),
     'models/official/mnasnet/mnasnet_main.py': Recipe(
         ('--use_tpu=false', '--data_dir=null', '--model_name=mnasnet-small',
          '--input_image_size=64', '--use_bfloat16=false') + _SMALL_TRAIN,
         # mnas_utils appends 'tpu/models/official/efficientnet', relative
         # to the working folder of a checkout named tpu.
-        paths=('official/efficientnet',)),
+        paths=('official/efficientnet',), eval_flags=_EVAL_MODE),
     'models/official/efficientnet/main.py': Recipe(
         ('--use_tpu=false', '--data_dir=null', '--model_name=efficientnet-b0',
          '--input_image_size=64', '--use_bfloat16=false',
-         '--archive_ckpt=false', '--num_label_classes=1000') + _SMALL_TRAIN),
+         '--archive_ckpt=false', '--num_label_classes=1000') + _SMALL_TRAIN,
+        eval_flags=_EVAL_MODE),
     'models/official/squeezenet/squeezenet_main.py': {
         '1fe0a9b8': Recipe(skip='training length is a whole epoch of '
                            'ImageNet (no flag shortens it)'),
@@ -100,14 +105,15 @@ RECIPES = {
              '--train_steps_per_eval=4', '--train_batch_size=8',
              '--eval_batch_size=8', '--eval_total_size=8', '--iterations=2',
              '--width=64', '--height=64', '--depth_multiplier=0.25',
-             '--num_shards=8')),
+             '--num_shards=8'), eval_flags=_EVAL_MODE),
         'default': Recipe(
             ('--tpu=', '--model_dir={model_dir}', '--mode=train_and_eval',
              '--data_source=fake', '--width=64', '--height=64',
              '--params_override=use_tpu=false,train_batch_size=8,'
              'eval_batch_size=8,train_steps=4,train_steps_per_eval=4,'
              'iterations_per_loop=2,eval_total_size=8,num_cores=8,'
-             'depth_multiplier=0.25,moving_average=false'))},
+             'depth_multiplier=0.25,moving_average=false'),
+            eval_flags=_EVAL_MODE)},
     'models/official/amoeba_net/amoeba_net.py': Recipe(
         ('--use_tpu=false', '--data_dir={data_dir}', '--model_dir={model_dir}',
          '--mode=train_and_eval', '--train_batch_size=8',

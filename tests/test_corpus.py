@@ -113,7 +113,9 @@ class CorpusRunTest(tf.test.TestCase):
         'models/official/tiny/tiny_main.py': corpus_recipes.Recipe(
             # --not_ours is defined nowhere: dropped, or absl would refuse.
             ('--use_tpu=false', '--model_dir={model_dir}',
-             '--train_steps=6', '--not_ours=1')),
+             '--train_steps=6', '--not_ours=1'),
+            # Also dropped from the evaluation of the float32 checkpoint.
+            eval_flags=('--not_ours=2',)),
         'models/official/broken/broken_main.py': corpus_recipes.Recipe(
             ('--use_tpu=false',)),
     }
