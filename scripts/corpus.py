@@ -514,13 +514,15 @@ def markdown(rows, command):
                     if row.bfloat16.ok else '', audit, _cell(row.plan),
                     _cell(metrics), timing, verdict,
                     ': ' + _cell(why) if why else ''))
+  not_runnable = [r for r in rows if r.verdict()[0] == 'not runnable']
   head = ['Passed: **%d of %d** (program, commit, TensorFlow) rows that '
           'train and evaluate in float32; of %d more that train only (no '
-          'evaluation), %d pass the rest; %d are not runnable in float32 or '
-          'have no recipe.' % (
+          'evaluation), %d pass the rest; %d do not run in plain float32 '
+          'and %d have no recipe (each with its reason).' % (
               len(passed), len(runnable), len(train_only),
-              len(train_only_passed),
-              len(rows) - len(runnable) - len(train_only)), '',
+              len(train_only_passed), len(not_runnable),
+              len(rows) - len(runnable) - len(train_only) -
+              len(not_runnable)), '',
           'Made by:', '', '```sh', command, '```', '']
   return '\n'.join(head + lines) + '\n'
 
