@@ -19,6 +19,7 @@ from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import peak as peak_lib
 from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.runner import xla_check
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
 BOARD_LINE = ('A v2-8 / v3-8 board has 8 cores; the global batch is 8x the '
@@ -486,56 +487,6 @@ def check_passed(result):
           result.xla_error is None)
 
 
-def xla_lines(result):
-  """What `check --xla` adds: XLA's bytes for one step, beside the plan."""
-  if result.xla_error is not None:
-    return ['XLA step: PROBLEM, %s' % result.xla_error]
-  check = result.xla
-  if check is None:
-    return []
-  step = check.step
-  own = ('' if check.iterations_per_loop is None else
-         '; the program runs %d per loop' % check.iterations_per_loop)
-  levers = [check.precision]
-  if check.gradient_accumulation_steps > 1:
-    levers.append('accumulate %d' % check.gradient_accumulation_steps)
-  if check.recompute:
-    levers.append('recompute')
-  lines = [
-      'XLA step (the TRAIN step compiled by XLA on this CPU, inside a device '
-      'loop as on a TPU: %d steps per loop%s; batch %d per core; %s):' % (
-          step.iterations_per_loop, own, check.batch_size,
-          ' + '.join(levers)),
-      '  %.1f MiB per step: the buffer assignment\'s %.1f MiB total, less '
-      '%.1f MiB of variables passed in (their new values stay counted: a TPU '
-      'holds them once) and %.1f MiB of the loop\'s other input batches' % (
-          step.step_bytes / MiB, step.total_bytes / MiB,
-          step.variable_bytes / MiB,
-          (step.total_bytes - step.variable_bytes - step.step_bytes)
-          / MiB)]
-  if check.planned_bytes:
-    lines.append('  planned: %.1f MiB (%+.1f%% of XLA\'s figure)' % (
-        check.planned_bytes / MiB,
-        100.0 * (check.planned_bytes / step.step_bytes - 1)))
-  elif check.plan_error:
-    lines.append('  planned: not available (%s)' % check.plan_error)
-  products = step.product_dtypes or {}
-  if check.precision == 'bfloat16' and sum(products.values()):
-    in_bf16 = products.get('bf16', 0)
-    lines.append(
-        '  XLA computed %d of its %d matmuls and convolutions in bfloat16 '
-        'here%s' % (in_bf16, sum(products.values()),
-                    '' if in_bf16 == sum(products.values()) else
-                    ", the rest in float32 (XLA's CPU backend converts "
-                    'their bfloat16 operands to float32; a TPU multiplies in '
-                    'bfloat16), so a TPU holds less than this figure'))
-  lines.append('  %d steps ran: loss %.4g, global_step %d. XLA on a CPU '
-               'does not pad to TPU tiles or schedule as a TPU does.' % (
-                   step.loops * step.iterations_per_loop, step.loss,
-                   step.global_step))
-  return lines
-
-
 def plan_problem_line(result, limit=240):
   """One line naming why the memory plan could not be made, or None.
 
@@ -597,7 +548,7 @@ def format_check_report(result, fit_requested=False):
                  + BOARD_LINE)
   else:
     lines.append(plan_problem_line(result) or 'memory plan: not available')
-  lines += xla_lines(result)
+  lines += xla_check.report_lines(result)
   passed = check_passed(result) and fit_passed(result, fit_requested)
   lines.append('result: %s' % ('OK' if passed else 'FAILED'))
   return '\n'.join(lines) + '\n'

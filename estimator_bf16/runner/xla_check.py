@@ -4,7 +4,8 @@ After `check` has stopped the program at its first TRAIN graph, the same
 model_fn and input_fn are built again the way TPUEstimator builds them on a
 TPU (`params['use_tpu'] = True`, inside a device loop) and compiled by XLA
 on this CPU (`memory.xla_step`). The memory planner plans the same step, so
-the report can put the planner's figure beside XLA's own.
+the report can put the planner's figure beside XLA's own
+(`report_lines`).
 """
 
 import dataclasses
@@ -12,6 +13,7 @@ from typing import Optional
 
 import estimator_bf16 as eb
 from estimator_bf16.memory import xla_step
+from estimator_bf16.memory import fit as fit_lib
 
 # Steps per compiled loop. One step's buffers do not depend on how many
 # steps the loop runs; two show that a step follows a step on the device.
@@ -108,3 +110,53 @@ def xla_check(train_graph, result):
                   iterations_per_loop=train_graph.iterations_per_loop,
                   precision=precision, gradient_accumulation_steps=steps,
                   recompute=recompute)
+
+
+def report_lines(result):
+  """What `check --xla` adds: XLA's bytes for one step, beside the plan."""
+  if result.xla_error is not None:
+    return ['XLA step: PROBLEM, %s' % result.xla_error]
+  check = result.xla
+  if check is None:
+    return []
+  step = check.step
+  own = ('' if check.iterations_per_loop is None else
+         '; the program runs %d per loop' % check.iterations_per_loop)
+  levers = [check.precision]
+  if check.gradient_accumulation_steps > 1:
+    levers.append('accumulate %d' % check.gradient_accumulation_steps)
+  if check.recompute:
+    levers.append('recompute')
+  lines = [
+      'XLA step (the TRAIN step compiled by XLA on this CPU, inside a device '
+      'loop as on a TPU: %d steps per loop%s; batch %d per core; %s):' % (
+          step.iterations_per_loop, own, check.batch_size,
+          ' + '.join(levers)),
+      '  %.1f MiB per step: the buffer assignment\'s %.1f MiB total, less '
+      '%.1f MiB of variables passed in (their new values stay counted: a TPU '
+      'holds them once) and %.1f MiB of the loop\'s other input batches' % (
+          step.step_bytes / fit_lib.MiB, step.total_bytes / fit_lib.MiB,
+          step.variable_bytes / fit_lib.MiB,
+          (step.total_bytes - step.variable_bytes - step.step_bytes)
+          / fit_lib.MiB)]
+  if check.planned_bytes:
+    lines.append('  planned: %.1f MiB (%+.1f%% of XLA\'s figure)' % (
+        check.planned_bytes / fit_lib.MiB,
+        100.0 * (check.planned_bytes / step.step_bytes - 1)))
+  elif check.plan_error:
+    lines.append('  planned: not available (%s)' % check.plan_error)
+  products = step.product_dtypes or {}
+  if check.precision == 'bfloat16' and sum(products.values()):
+    in_bf16 = products.get('bf16', 0)
+    lines.append(
+        '  XLA computed %d of its %d matmuls and convolutions in bfloat16 '
+        'here%s' % (in_bf16, sum(products.values()),
+                    '' if in_bf16 == sum(products.values()) else
+                    ", the rest in float32 (XLA's CPU backend converts "
+                    'their bfloat16 operands to float32; a TPU multiplies in '
+                    'bfloat16), so a TPU holds less than this figure'))
+  lines.append('  %d steps ran: loss %.4g, global_step %d. XLA on a CPU '
+               'does not pad to TPU tiles or schedule as a TPU does.' % (
+                   step.loops * step.iterations_per_loop, step.loss,
+                   step.global_step))
+  return lines
