@@ -153,7 +153,6 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
                      seed=seed)
   run = run_state.ProgramRun(precision, audit, tuple(exclude), memory, check,
                              result)
-  run.seed = seed  # also in result.seed, for the report
 
   def count_resolver(stand_in):
     del stand_in

@@ -79,7 +79,7 @@ class ProgramRun(object):
     self.train_config = None
     self._scratch = None
     # RunConfig.tf_random_seed of every Estimator, or None (the program's).
-    self.seed = None
+    self.seed = result.seed
 
   def scratch_dir(self):
     """A fresh folder for check mode's model_dirs; see `close`."""
