@@ -25,7 +25,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import estimator_bf16 as eb
-from estimator_bf16.memory import accumulation
+from estimator_bf16.levers import accumulation
 from estimator_bf16.models import head
 from benchmarks import throughput
 

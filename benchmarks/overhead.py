@@ -24,7 +24,7 @@ import time
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 from benchmarks import graphs
 from benchmarks import throughput
 

@@ -10,7 +10,7 @@ import os
 
 from benchmarks import kernel_table
 from benchmarks.configs import REWRITE
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 
 MiB = 2.0**20
 

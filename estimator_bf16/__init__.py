@@ -26,7 +26,7 @@ from estimator_bf16.autocast.contexts import float32_ops
 from estimator_bf16.autocast.contexts import keep_float32
 from estimator_bf16.distribute.strategies import make_strategy
 from estimator_bf16.estimator.make import make_tpu_estimator
-from estimator_bf16.estimator.tpu import TPU_CORE_BYTES
+from estimator_bf16.platform.tpu import TPU_CORE_BYTES
 from estimator_bf16.estimator.wrappers import build_network
 from estimator_bf16.estimator.wrappers import wrap_input_fn
 from estimator_bf16.estimator.wrappers import wrap_model_fn
@@ -35,10 +35,10 @@ from estimator_bf16.memory.planner import memory_plan
 from estimator_bf16.memory.planner import MemoryPlan
 from estimator_bf16.optimizers.adafactor import AdafactorOptimizer
 from estimator_bf16.platform.cpu_bfloat16 import native_bfloat16
-from estimator_bf16.precision.audit import check_graph
-from estimator_bf16.precision.audit import GraphReport
-from estimator_bf16.precision.audit import MIN_BFLOAT16_SHARE
-from estimator_bf16.precision.audit import PrecisionError
+from estimator_bf16.safety.audit import check_graph
+from estimator_bf16.safety.audit import GraphReport
+from estimator_bf16.safety.audit import MIN_BFLOAT16_SHARE
+from estimator_bf16.safety.audit import PrecisionError
 from estimator_bf16.precision.casting import cast_features
 from estimator_bf16.precision.casting import to_float32
 from estimator_bf16.precision.policy import compute_dtype

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.apps import training
-from estimator_bf16.memory import accumulation
-from estimator_bf16.memory import levers
+from estimator_bf16.levers import accumulation
+from estimator_bf16.levers import apply as levers
 from estimator_bf16.memory import peak as peak_memory
 from estimator_bf16.optimizers import registry as optimizers
 from estimator_bf16.platform import backend as backend_lib

@@ -1,4 +1,4 @@
-"""Tests for estimator_bf16/memory/batch_dim.py: inputs whose batch is not first.
+"""Tests for estimator_bf16/levers/batch_dim.py: inputs whose batch is not first.
 
 tensorflow/tpu's image models feed `[H, W, C, N]` (`transpose_input`; now
 flattened, `[H * W * C * N]`) and time-major text models feed `[T, N]`. The memory planner must put its own
@@ -12,7 +12,7 @@ import textwrap
 from absl.testing import parameterized
 import tensorflow as tf
 
-from estimator_bf16.memory import batch_dim
+from estimator_bf16.levers import batch_dim
 from estimator_bf16.memory import planner
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 from estimator_bf16.models import bert
 from estimator_bf16.models import bert_input
 from estimator_bf16.models import bert_layers

@@ -62,15 +62,14 @@ class CpuTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIsNone(cpu_bfloat16.bfloat16_support(missing).native)
     self.assertFalse(cpu_bfloat16.native_bfloat16(missing))
     with mock.patch.object(cpu_bfloat16, '_said', False):
-      self.assertIsNone(cpu_bfloat16.warn_if_emulated('bfloat16', missing))
+      self.assertIsNone(cpu_bfloat16.warn_if_emulated(missing))
 
   def test_says_once_per_process_on_an_emulating_cpu(self):
     path = self._cpuinfo(_X86)
     with mock.patch.object(cpu_bfloat16, '_said', False), \
         mock.patch.object(cpu_bfloat16.logging, 'warning') as warning:
-      self.assertIsNone(cpu_bfloat16.warn_if_emulated('float32', path))
-      message = cpu_bfloat16.warn_if_emulated('bfloat16', path)
-      self.assertIsNone(cpu_bfloat16.warn_if_emulated('bfloat16', path))
+      message = cpu_bfloat16.warn_if_emulated(path)
+      self.assertIsNone(cpu_bfloat16.warn_if_emulated(path))
     self.assertIn('compute in float32 from bfloat16 inputs', message)
     self.assertIn('no AVX512-BF16/AMX', message)
     warning.assert_called_once_with(message)
@@ -79,13 +78,8 @@ class CpuTest(tf.test.TestCase, parameterized.TestCase):
     path = self._cpuinfo(_X86, 'avx512_bf16')
     with mock.patch.object(cpu_bfloat16, '_said', False), \
         mock.patch.object(cpu_bfloat16.logging, 'warning') as warning:
-      self.assertIsNone(cpu_bfloat16.warn_if_emulated('bfloat16', path,
-                                             onednn_enabled=True))
+      self.assertIsNone(cpu_bfloat16.warn_if_emulated(path, onednn_enabled=True))
     warning.assert_not_called()
-
-  def test_bad_precision_raises_listing_the_choices(self):
-    with self.assertRaisesRegex(ValueError, "'float32', 'bfloat16'"):
-      cpu_bfloat16.warn_if_emulated('float16')
 
   @parameterized.parameters(('bfloat16', 1), ('float32', 0))
   def test_make_tpu_estimator_says_it(self, precision, times):
@@ -106,8 +100,7 @@ class CpuTest(tf.test.TestCase, parameterized.TestCase):
     path = self._cpuinfo(_X86)
     with mock.patch.object(cpu_bfloat16, '_said', False), \
         mock.patch.object(cpu_bfloat16.logging, 'warning'):
-      message = cpu_bfloat16.warn_if_emulated('bfloat16', path,
-                                             kernels='bfloat16')
+      message = cpu_bfloat16.warn_if_emulated(path, kernels='bfloat16')
     self.assertIn("keeps TensorFlow's own bfloat16 kernels", message)
 
   @parameterized.parameters(('bfloat16', 1), ('float32', 0))

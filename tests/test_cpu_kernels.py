@@ -13,9 +13,9 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 from estimator_bf16.memory import planner
-from estimator_bf16.precision import audit
+from estimator_bf16.safety import audit
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report
 from estimator_bf16.runner import results

@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.estimator import tpu
-from estimator_bf16.precision import audit
+from estimator_bf16.platform import tpu
+from estimator_bf16.safety import audit
 from tests import legacy_model
 
 

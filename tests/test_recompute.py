@@ -1,4 +1,4 @@
-"""Tests for gradients with recomputation (`estimator_bf16.memory.recompute`)."""
+"""Tests for gradients with recomputation (`estimator_bf16.levers.recompute`)."""
 
 from absl.testing import parameterized
 import numpy as np
@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.memory import peak as peak_memory
-from estimator_bf16.memory import recompute
+from estimator_bf16.levers import recompute
 from benchmarks import graphs
 
 _SCOPE = 'recompute_gradients'

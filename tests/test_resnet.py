@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 from estimator_bf16.models import imagenet_input
 from estimator_bf16.models import resnet
-from estimator_bf16.precision import audit
+from estimator_bf16.safety import audit
 
 _PRECISIONS = (
     dict(testcase_name='float32', precision='float32'),

@@ -15,14 +15,16 @@ from unittest import mock
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 from estimator_bf16.compat import estimator_spec
-from estimator_bf16.estimator import calling
+from estimator_bf16.compat import calling
 from estimator_bf16.precision import policy
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGE = os.path.join(_REPO, 'estimator_bf16')
-MAX_ENTRIES = 12
+# Twelve concerns and the levers, which sit below the Estimator wrappers
+# that apply them while the planner (memory/) sits above those wrappers.
+MAX_ENTRIES = 13
 MAX_LINES = 600
 
 
@@ -37,6 +39,77 @@ def _modules():
         dotted = os.path.relpath(path[:-3], _REPO).replace(os.sep, '.')
         found[dotted[:-len('.__init__')] if dotted.endswith('__init__')
               else dotted] = path
+  return found
+
+
+def _layer_order(readme):
+  """Top-level folders of the package in the README layout table's order."""
+  section = readme[readme.index('## Repository layout'):]
+  section = section[:section.index('\n## ', 1)]
+  order = []
+  for folder in re.findall(r'^\| `estimator_bf16/(\w+)/[\w/]*` \|', section,
+                           re.M):
+    if folder not in order:
+      order.append(folder)
+  return order
+
+
+def _all_imports(path):
+  """(line, dotted name) of every package import in `path`, anywhere.
+
+  `from estimator_bf16.x import y` gives 'estimator_bf16.x.y', so a folder
+  imported by name (`from estimator_bf16 import compat`) counts as that
+  folder; imports inside functions count as well as module-level ones.
+  """
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module and (
+        node.level == 0 and node.module.split('.')[0] == 'estimator_bf16'):
+      found.extend((node.lineno, node.module + '.' + alias.name)
+                   for alias in node.names)
+    elif isinstance(node, ast.Import):
+      found.extend((node.lineno, alias.name) for alias in node.names
+                   if alias.name.split('.')[0] == 'estimator_bf16')
+  return found
+
+
+def layer_violations(package, order):
+  """Imports that climb from a folder to one later in `order`.
+
+  Args:
+    package: str, the package's folder.
+    order: list of its top-level folders, lowest layer first.
+
+  Returns:
+    list of 'path:line imports name' strings. The package itself
+    (`import estimator_bf16`, the public API) sits at the layer of the
+    highest folder its `__init__.py` imports.
+  """
+  level = {folder: i for i, folder in enumerate(order)}
+
+  def folder_of(dotted):
+    parts = dotted.split('.')
+    return parts[1] if len(parts) > 1 and parts[1] in level else None
+
+  api = max((level[folder_of(name)]
+             for _, name in _all_imports(os.path.join(package, '__init__.py'))
+             if folder_of(name)), default=-1)
+  found = []
+  for root, dirs, files in os.walk(package):
+    dirs[:] = [d for d in dirs if d != '__pycache__']
+    rel = os.path.relpath(root, package).split(os.sep)[0]
+    if rel not in level:
+      continue  # The package's own __init__ / __main__ are the top.
+    for name in sorted(f for f in files if f.endswith('.py')):
+      path = os.path.join(root, name)
+      for line, dotted in _all_imports(path):
+        target = folder_of(dotted)
+        target_level = level[target] if target else api
+        if target_level > level[rel]:
+          found.append('%s:%d imports %s' % (
+              os.path.relpath(path, os.path.dirname(package)), line, dotted))
   return found
 
 
@@ -101,6 +174,33 @@ class LayoutTest(tf.test.TestCase):
         visit(name, [name])
     self.assertEqual(cycles, [])
 
+  def test_folders_form_layers_in_the_readme_order(self):
+    with open(os.path.join(_REPO, 'README.md')) as f:
+      order = _layer_order(f.read())
+    folders = sorted(e for e in os.listdir(_PACKAGE)
+                     if os.path.isdir(os.path.join(_PACKAGE, e)) and
+                     e != '__pycache__')
+    self.assertCountEqual(order, folders)
+    self.assertEqual(layer_violations(_PACKAGE, order), [])
+
+  def test_the_layer_check_sees_an_import_inside_a_function(self):
+    # A lower folder reaching up from inside a function is caught; the
+    # same import the other way is allowed.
+    package = os.path.join(self.create_tempdir().full_path, 'estimator_bf16')
+    for folder in ('low', 'high'):
+      os.makedirs(os.path.join(package, folder))
+    with open(os.path.join(package, '__init__.py'), 'w') as f:
+      f.write('from estimator_bf16.low import a\n')
+    with open(os.path.join(package, 'low', 'a.py'), 'w') as f:
+      f.write('def later():\n  from estimator_bf16.high import b\n')
+    with open(os.path.join(package, 'high', 'b.py'), 'w') as f:
+      f.write('from estimator_bf16.low import a\nimport estimator_bf16\n')
+    self.assertEqual(layer_violations(package, ['low', 'high']),
+                     ['estimator_bf16/low/a.py:2 imports estimator_bf16.high.b'])
+    self.assertEqual(layer_violations(package, ['high', 'low']), [
+        'estimator_bf16/high/b.py:1 imports estimator_bf16.low.a',
+        'estimator_bf16/high/b.py:2 imports estimator_bf16'])
+
   def test_readme_layout_names_every_folder_and_existing_modules(self):
     with open(os.path.join(_REPO, 'README.md')) as f:
       readme = f.read()
@@ -125,7 +225,7 @@ class OneHomePerFactTest(tf.test.TestCase):
   def test_matmul_conv_and_variable_op_names_only_in_op_lists(self):
     names = (op_lists.MATMUL_CONV_OPS | op_lists.BFLOAT16_OPS |
              op_lists.VARIABLE_OPS)
-    home = os.path.join(_PACKAGE, 'autocast', 'op_lists.py')
+    home = os.path.join(_PACKAGE, 'precision', 'op_lists.py')
     spelled = []
     for path in _modules().values():
       if path == home:

@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 from estimator_bf16.models.styles import STYLES
-from estimator_bf16.precision import audit
+from estimator_bf16.safety import audit
 
 MATRIX_OPS = op_lists.MATMUL_CONV_OPS
 MIN_OP_SHARE = 0.95

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.estimator import tpu as tpu_facts
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.memory import plan_simulate
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.memory import xla_step

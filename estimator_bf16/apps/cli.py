@@ -5,26 +5,35 @@ PROGRAM; everything after it is the program's own command line, passed on
 verbatim (even arguments that look like ours, such as a program's own
 `--precision`).
 
-The environment variables TensorFlow reads at import are set here, before
-TensorFlow is imported: `TF_USE_LEGACY_KERAS=1` on TensorFlow 2.16+ (legacy
-programs use tf.keras 2 and tf.compat.v1.layers), and, with `--memory`,
-`TF_CPU_ALLOCATOR_USE_BFC=true` (the allocator statistics the peak is
-read from). A variable already set is left as it is.
+Environment variables are set here before TensorFlow reads them, which is
+later than its import: `TF_USE_LEGACY_KERAS=1` on TensorFlow 2.16+ (read
+when `tf.keras` is first used; legacy programs use tf.keras 2 and
+tf.compat.v1.layers), with `--memory` `TF_CPU_ALLOCATOR_USE_BFC=true`
+(read when the CPU allocator is made; the peak is read from its
+statistics), and with `--xla` the dump flags XLA reads at its first compile.
+A variable already set is left as it is.
 """
 
 import argparse
 import functools
+import json
 import os
 import sys
 import textwrap
 
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.estimator import tpu
+from estimator_bf16.memory import fit
+from estimator_bf16.memory import xla_dump
 from estimator_bf16.platform import backend
 from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.platform import quiet
-from estimator_bf16.precision import audit as audit_lib
+from estimator_bf16.platform import tpu
 from estimator_bf16.precision import policy
+from estimator_bf16.runner import fit_run
+from estimator_bf16.runner import program as runner
+from estimator_bf16.runner import report as run_report
+from estimator_bf16.runner import xla_check
+from estimator_bf16.safety import audit as audit_lib
 
 EXIT_USAGE = 2
 EXIT_CHECK_FAILED = 1
@@ -186,9 +195,6 @@ def _misplaced_options(args, program_flags):
 
 def _fit_budget(args):
   """The --fit budget in bytes, or the one-line reason it is not valid."""
-  # pylint: disable=g-import-not-at-top
-  from estimator_bf16.memory import fit
-  # pylint: enable=g-import-not-at-top
   if not args.fit:
     return '--device and --memory_budget go with --fit.'
   if (args.device is None) == (args.memory_budget is None):
@@ -207,9 +213,6 @@ def _fit_budget(args):
 
 def _write_report(path, data):
   """Writes `data` as JSON to `path`; a failure is one line on stderr."""
-  # pylint: disable=g-import-not-at-top
-  import json
-  # pylint: enable=g-import-not-at-top
   try:
     with open(path, 'w') as out:
       json.dump(data, out, indent=2, sort_keys=True)
@@ -226,9 +229,6 @@ def _set_environment(args):
   if getattr(args, 'xla', False):
     # XLA reads its flags at its first compile: ask for the dump its
     # buffer assignment is read from before the program can compile.
-    # pylint: disable=g-import-not-at-top
-    from estimator_bf16.memory import xla_dump
-    # pylint: enable=g-import-not-at-top
     xla_dump.enable()
 
 
@@ -247,9 +247,11 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
   except SystemExit as e:  # argparse printed the usage (or --help).
     return e.code if isinstance(e.code, int) else EXIT_USAGE
-  if args.precision not in policy.PRECISIONS:
-    return _error('--precision must be one of %s, got %r.' % (
-        ', '.join(policy.PRECISIONS), args.precision))
+  try:
+    # Parsed once: everything below, the runner included, gets the value.
+    args.precision = policy.parse_precision(args.precision)
+  except ValueError as e:
+    return _error('--%s' % e)
   if args.audit not in audit_lib.AUDIT_MODES:
     return _error('--audit must be one of %s, got %r.' % (
         ', '.join(audit_lib.AUDIT_MODES), args.audit))
@@ -258,7 +260,7 @@ def main(argv=None):
   if args.accumulate < 1:
     return _error('--accumulate must be an integer >= 1 (micro-batches per '
                   'update), got %d.' % args.accumulate)
-  # Before anything imports TensorFlow (the --fit budget's module does).
+  # Before TensorFlow reads them (see the module docstring).
   _set_environment(args)
   budget = None
   if args.fit or args.device or args.memory_budget:
@@ -270,18 +272,15 @@ def main(argv=None):
                   args.program)
   exclude = tuple(key for key in args.exclude.split(',') if key)
   # One line before the program starts: bfloat16 is emulated on this CPU,
-  # and what the run does about it (nothing in float32, or on a native CPU).
-  cpu_bfloat16.warn_if_emulated(args.precision, kernels=args.kernels)
+  # and what the run does about it (nothing on a native CPU).
+  if args.precision.bfloat16:
+    cpu_bfloat16.warn_if_emulated(kernels=args.kernels)
 
-  # pylint: disable=g-import-not-at-top
-  from estimator_bf16.runner import report as run_report
-  from estimator_bf16.runner import program as runner
-  # pylint: enable=g-import-not-at-top
   check = args.command == 'check'
   plan_fn = None
   # --precision=float32 wins over the fit: only float32 is considered.
-  precisions = (('float32',) if args.precision == 'float32' else
-                ('float32', 'bfloat16'))
+  precisions = ((args.precision,) if not args.precision.bfloat16 else
+                policy.PRECISIONS)
   if budget is not None and not check:
     return _run_fit(args, budget, precisions, exclude)
   if budget is not None:
@@ -295,9 +294,6 @@ def main(argv=None):
         recompute=args.recompute)
   xla_fn = None
   if getattr(args, 'xla', False):
-    # pylint: disable=g-import-not-at-top
-    from estimator_bf16.runner import xla_check
-    # pylint: enable=g-import-not-at-top
     xla_fn = xla_check.xla_check
   try:
     result = runner.run_program(
@@ -359,11 +355,6 @@ def _explain_misplaced(args, result):
 
 def _run_fit(args, budget, precisions, exclude):
   """`run --fit`: plan, print the table, train with the choice, report."""
-  # pylint: disable=g-import-not-at-top
-  from estimator_bf16.runner import fit_run
-  from estimator_bf16.runner import report as run_report
-  from estimator_bf16.runner import program as runner
-  # pylint: enable=g-import-not-at-top
 
   def announce(planning):
     lines = [''] + run_report.fit_lines(planning.plans)

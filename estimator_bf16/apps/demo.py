@@ -100,7 +100,7 @@ def main(argv):
   f = flags.FLAGS
   steps = 20 if f.quick else f.train_steps
   # Before the runs: on an AVX2-only CPU the speed column is not the point.
-  cpu_bfloat16.warn_if_emulated('bfloat16')
+  cpu_bfloat16.warn_if_emulated()
   os.makedirs(f.out_dir, exist_ok=True)
   rows, curves, results = train_both(
       f.out_dir, model=f.model, train_steps=steps,

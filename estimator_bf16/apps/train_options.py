@@ -17,8 +17,8 @@ import estimator_bf16 as eb
 from estimator_bf16.apps import registry
 from estimator_bf16.distribute import cluster
 from estimator_bf16.distribute import strategies
-from estimator_bf16.estimator import tpu
-from estimator_bf16.memory import accumulation
+from estimator_bf16.platform import tpu
+from estimator_bf16.levers import accumulation
 from estimator_bf16.models import bert
 from estimator_bf16.models import resnet
 from estimator_bf16.optimizers import registry as optimizers

@@ -24,7 +24,7 @@ from estimator_bf16.apps import train_options
 from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.distribute import cluster
 from estimator_bf16.distribute import strategies
-from estimator_bf16.estimator import tpu
+from estimator_bf16.platform import tpu
 from estimator_bf16.models import records
 from estimator_bf16.safety import activation_stats
 from estimator_bf16.safety import checkpoint_match

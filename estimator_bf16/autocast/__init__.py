@@ -5,7 +5,7 @@ function, `op_def_library._apply_op_helper` (generated op wrappers call it
 by module attribute, on TensorFlow 2.15 and 2.16+ alike), and every tensor
 conversion through `tensor_conversion_registry.convert`. While a thread is
 inside `autocast('bfloat16')`, the ops *that thread* creates are adjusted
-just before they are created, by op type (`op_lists`):
+just before they are created, by op type (`precision.op_lists`):
 
 * matmul/conv ops run in bfloat16 when an input is bfloat16 or reads a
   trainable variable; `tf.matmul(bfloat16, float32)`, which TensorFlow would
@@ -33,14 +33,11 @@ Casts are made once per tensor and reused; a float32 copy of a bfloat16
 tensor is never cast back, the bfloat16 original is used. The gradients of
 float32-list ops read bfloat16 tensors, not float32 copies (`gradients`).
 Which bfloat16 tensor is the rounding of which float32 one is recorded in
-`rounding`.
+`precision.rounding`.
 
 Scope of the change: the two functions are replaced while any thread is
 inside an autocast context (`contexts`) and put back when the last one
 leaves, but the rules (`rules`) read thread-local state (`state`): a thread
 that did not enter a context, e.g. one building its own graph at the same
 time, gets TensorFlow's behaviour unchanged.
-
-This package file imports nothing, so that `precision.casting` can import
-`rounding` without loading the rules.
 """

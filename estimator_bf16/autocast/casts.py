@@ -11,7 +11,7 @@ arguments of fixed float type, and type groups that mix the two.
 import tensorflow as tf
 
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.autocast import rounding
+from estimator_bf16.precision import rounding
 from estimator_bf16.autocast import slots as slots_lib
 from estimator_bf16.autocast import state
 

@@ -30,8 +30,8 @@ from tensorflow.python.framework import ops as tf_ops
 from estimator_bf16.autocast import casts
 from estimator_bf16.autocast import gradients as autocast_gradients
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.autocast import op_lists
-from estimator_bf16.autocast import rounding
+from estimator_bf16.precision import op_lists
+from estimator_bf16.precision import rounding
 from estimator_bf16.autocast import slots as slots_lib
 from estimator_bf16.autocast import state
 from estimator_bf16.platform import cpu_bfloat16

@@ -32,7 +32,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
 
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.autocast import rounding
+from estimator_bf16.precision import rounding
 
 _SOFTMAX_GRADIENT = 'EstimatorBf16RoundedSoftmax'
 _FROM_BFLOAT16_GRADIENT = 'EstimatorBf16FromBfloat16Inputs'

@@ -16,7 +16,7 @@ from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.autocast import float32_list
 from estimator_bf16.autocast import gelu_gradient
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 from estimator_bf16.autocast import slots as slots_lib
 from estimator_bf16.autocast import state
 from estimator_bf16.autocast import uniform_draws

@@ -10,7 +10,7 @@ dropout's `uniform >= rate` keeps exactly 1 - rate.
 import tensorflow as tf
 
 from estimator_bf16.autocast import casts
-from estimator_bf16.autocast import rounding
+from estimator_bf16.precision import rounding
 from estimator_bf16.autocast import slots as slots_lib
 from estimator_bf16.autocast import state
 

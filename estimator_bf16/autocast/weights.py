@@ -12,7 +12,7 @@ from tensorflow.python.framework import op_def_registry
 
 from estimator_bf16.autocast import gradients as autocast_gradients
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 from estimator_bf16.autocast import slots as slots_lib
 from estimator_bf16.autocast import state
 

@@ -38,7 +38,7 @@ from estimator_bf16.compat import inputs
 from estimator_bf16.compat import prediction
 from estimator_bf16.compat import saved_model
 from estimator_bf16.compat import training_loop
-from estimator_bf16.estimator import calling
+from estimator_bf16.compat import calling
 
 ModeKeys = spec_lib.ModeKeys
 

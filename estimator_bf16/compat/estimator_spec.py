@@ -14,14 +14,14 @@ import collections
 
 import tensorflow as tf
 
-from estimator_bf16.autocast import op_lists
-from estimator_bf16.estimator import calling
+from estimator_bf16.precision import op_lists
+from estimator_bf16.compat import calling
 
 
 class ModeKeys(object):
   """The three modes a model_fn is called in; the strings are tf.estimator's.
 
-  They are `estimator_bf16.estimator.calling`'s, which the precision logic
+  They are `estimator_bf16.compat.calling`'s, which the precision logic
   compares with: that is why both backends can share it.
   """
   TRAIN = calling.TRAIN

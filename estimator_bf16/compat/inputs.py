@@ -1,13 +1,13 @@
 """Building a compat Estimator's inputs from an input_fn, in graph mode.
 
 The input_fn is called by the Estimator's calling rule
-(`estimator_bf16.estimator.calling`); its Dataset becomes an initializable
+(`estimator_bf16.compat.calling`); its Dataset becomes an initializable
 iterator on the host's CPU, one element per local replica.
 """
 
 import tensorflow as tf
 
-from estimator_bf16.estimator import calling
+from estimator_bf16.compat import calling
 
 
 class _IteratorInitializerHook(tf.compat.v1.train.SessionRunHook):

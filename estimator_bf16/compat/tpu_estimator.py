@@ -24,7 +24,7 @@ import tensorflow as tf
 from estimator_bf16.compat import distribute
 from estimator_bf16.compat import estimator as estimator_lib
 from estimator_bf16.compat import estimator_spec as spec_lib
-from estimator_bf16.estimator import calling
+from estimator_bf16.compat import calling
 
 ModeKeys = spec_lib.ModeKeys
 

@@ -21,10 +21,10 @@ from estimator_bf16 import compat
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.compat import tpu_estimator as compat_tpu
-from estimator_bf16.estimator import tpu as tpu_facts
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.estimator import wrappers
-from estimator_bf16.memory import accumulation
-from estimator_bf16.memory import levers
+from estimator_bf16.levers import accumulation
+from estimator_bf16.levers import apply as levers
 from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.precision import policy as precision_lib
@@ -120,7 +120,7 @@ def _micro_batch(train_batch_size, steps, use_tpu, distribute,
 
   On a TPU the input_fn keeps the update's batch: each step of the
   device's loop splits its core's share into the K micro-batches
-  (`memory.device_accumulation`).
+  (`levers.device_accumulation`).
   """
   if steps == 1:
     return train_batch_size
@@ -164,7 +164,7 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     eval_batch_size, predict_batch_size: global batches for those modes.
     iterations_per_loop: training steps per TPU loop (and per host call).
     num_shards: TPU cores; if None on a TPU, one v2-8/v3-8 board's 8
-      (`estimator/tpu.py`).
+      (`platform/tpu.py`).
     num_cores_per_replica: cores per model replica (model parallelism).
     params: extra hyperparameters for model_fn/input_fn; the keys
       'batch_size', 'use_tpu' and 'context' are TPUEstimator's own.
@@ -199,9 +199,9 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       batch, and `global_step`, `max_steps` and schedules count updates.
       With `use_tpu` the input_fn gets the update's batch per core, and
       each step of the device loop runs the K micro-batches itself
-      (`estimator_bf16.memory.device_accumulation`).
+      (`estimator_bf16.levers.device_accumulation`).
     recompute: recompute activations during backprop, segment by segment,
-      instead of keeping them (`estimator_bf16.memory.recompute`): a lower peak
+      instead of keeping them (`estimator_bf16.levers.recompute`): a lower peak
       for about one more forward pass.
     kernels: `'auto'` or `'bfloat16'` (see `wrap_model_fn`): whether ops
       with slow bfloat16 CPU kernels compute in float32 off the TPU.
@@ -288,9 +288,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       tf_random_seed=tf_random_seed,
       session_config=session_config,
       tpu_config=tpu_config)
-  if not use_tpu:
-    # Once per process, bfloat16 only.
-    cpu_bfloat16.warn_if_emulated(precision, kernels=kernels)
+  if not use_tpu and precision.bfloat16:
+    cpu_bfloat16.warn_if_emulated(kernels=kernels)  # Once per process.
   if numeric_guard:
     model_fn = guards.guard_model_fn(model_fn)
   estimator = tpu_lib.TPUEstimator(

@@ -7,11 +7,11 @@ import tensorflow as tf
 
 from estimator_bf16.autocast import contexts as autocast_lib
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.autocast import rounding
-from estimator_bf16.estimator import calling
-from estimator_bf16.memory import levers
+from estimator_bf16.precision import rounding
+from estimator_bf16.compat import calling
+from estimator_bf16.levers import apply as levers
 from estimator_bf16.platform import slim_repair
-from estimator_bf16.precision import audit as audit_lib
+from estimator_bf16.safety import audit as audit_lib
 from estimator_bf16.precision import casting
 from estimator_bf16.precision import float32_spec
 from estimator_bf16.precision import policy as precision_lib
@@ -55,7 +55,7 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
       input_fn's batch is the micro-batch here; `make_tpu_estimator`
       divides `train_batch_size` for you.
     recompute: recompute activations during backprop instead of keeping
-      them (`estimator_bf16.memory.recompute`).
+      them (`estimator_bf16.levers.recompute`).
     kernels: `'auto'` builds the ops whose bfloat16 CPU kernel is slow on
       this CPU kind in float32 from bfloat16 inputs, rounding their results
       (`autocast.cpu_kernels`; never for a TPU, XLA or GPU); `'bfloat16'`

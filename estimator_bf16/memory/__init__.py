@@ -1,1 +1,1 @@
-"""Memory: the planner, the measured peak, the levers and fitting a batch to a budget."""
+"""Memory before and after running: the planner, the measured peak, XLA's figures, fitting a batch to a budget."""

@@ -18,14 +18,14 @@ import dataclasses
 import re
 from typing import Optional, Tuple
 
-from estimator_bf16.estimator import tpu
+from estimator_bf16.platform import tpu
 from estimator_bf16.memory import planner
 from estimator_bf16.precision import policy as precision_lib
 
 MiB = 2**20
 GiB = tpu.GiB
 
-# Memory of one core or chip of each TPU a fit plans for (estimator/tpu.py).
+# Memory of one core or chip of each TPU a fit plans for (platform/tpu.py).
 DEVICE_BYTES = tpu.TPU_DEVICE_BYTES
 
 # Step time per example relative to plain bfloat16: the cost model, with
@@ -251,7 +251,7 @@ def lever_plans(model_fn, *, features, labels, params=None,
   Args:
     model_fn, features, labels, params: as for `eb.memory_plan`.
     precisions: the precisions to plan.
-    tile: None, or a TPU's tile (`estimator.tpu.TPU_TILE`) for a TPU core's
+    tile: None, or a TPU's tile (`platform.tpu.TPU_TILE`) for a TPU core's
       budget (`eb.memory_plan`).
 
   Returns:

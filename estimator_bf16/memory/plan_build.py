@@ -26,9 +26,9 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.grappler import tf_optimizer
 
 from estimator_bf16.autocast import contexts as autocast_lib
-from estimator_bf16.estimator import calling
+from estimator_bf16.compat import calling
 from estimator_bf16.estimator import wrappers
-from estimator_bf16.memory import batch_dim
+from estimator_bf16.levers import batch_dim
 from estimator_bf16.memory import plan_simulate
 from estimator_bf16.optimizers import registry as optimizers
 from estimator_bf16.precision import casting

@@ -16,8 +16,8 @@ import heapq
 
 import tensorflow as tf
 
-from estimator_bf16.autocast import op_lists
-from estimator_bf16.memory import recompute_path
+from estimator_bf16.precision import op_lists
+from estimator_bf16.levers import recompute_path
 
 # Outputs that share the buffer of the input with the same index: no bytes
 # of their own, but they keep that buffer alive.
@@ -58,7 +58,7 @@ def tensor_bytes(tensor, tile=None):
     tensor: a tf.Tensor (or tf.Variable).
     tile: None, or (rows, lanes): the two minor dimensions are padded up
       to multiples of these, as XLA lays tensors out on a TPU
-      (`estimator.tpu.TPU_TILE`).
+      (`platform.tpu.TPU_TILE`).
   """
   dtype = tensor.dtype.base_dtype
   if dtype in (tf.resource, tf.variant, tf.string):

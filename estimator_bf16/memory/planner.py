@@ -48,13 +48,13 @@ from typing import Tuple
 import tensorflow as tf
 
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.estimator import tpu
+from estimator_bf16.platform import tpu
 from estimator_bf16.estimator import wrappers
-from estimator_bf16.memory import batch_dim
-from estimator_bf16.memory import levers
+from estimator_bf16.levers import batch_dim
+from estimator_bf16.levers import apply as levers
 from estimator_bf16.memory import plan_build
 from estimator_bf16.memory import plan_simulate
-from estimator_bf16.memory import recompute as recompute_lib
+from estimator_bf16.levers import recompute as recompute_lib
 from estimator_bf16.platform import quiet
 from estimator_bf16.precision import policy as precision_lib
 
@@ -231,7 +231,7 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
     recompute: plan the graph that recomputes activations in backprop.
     tile: None, or (rows, lanes): every tensor and variable is counted
       with its two minor dimensions padded up to multiples of these, as XLA
-      lays them out on a TPU (`estimator.tpu.TPU_TILE`; `--fit
+      lays them out on a TPU (`platform.tpu.TPU_TILE`; `--fit
       --device=tpu-*` plans so). Keep `batch_sizes` multiples of `rows`.
 
   Returns:

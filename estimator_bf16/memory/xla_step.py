@@ -46,11 +46,11 @@ from tensorflow.python.compiler.xla import xla
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
 
-from estimator_bf16.estimator import calling
+from estimator_bf16.compat import calling
 from estimator_bf16.estimator import wrappers
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.platform import patching
-from estimator_bf16.precision import audit
+from estimator_bf16.safety import audit
 
 # XLA's element type names (as in a buffer assignment's shapes).
 _XLA_TYPES = {

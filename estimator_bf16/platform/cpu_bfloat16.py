@@ -20,8 +20,6 @@ import threading
 
 from absl import logging
 
-from estimator_bf16.precision import policy as precision_lib
-
 # Flags (x86 `flags`, Arm `Features`) that mean bfloat16 arithmetic.
 NATIVE_BFLOAT16_FLAGS = ('avx512_bf16', 'amx_bf16', 'bf16')
 # Where Linux describes the CPU; a module constant so tests can point it
@@ -128,25 +126,21 @@ def native_bfloat16(cpuinfo=None):
               set(NATIVE_BFLOAT16_FLAGS))
 
 
-def warn_if_emulated(precision, cpuinfo=None, onednn_enabled=None,
-                     kernels='auto'):
+def warn_if_emulated(cpuinfo=None, onednn_enabled=None, kernels='auto'):
   """Logs `EMULATED_MESSAGE` once per process if bfloat16 is emulated here.
 
+  Callers ask only for runs that compute in bfloat16: a float32 run has
+  nothing to hear.
+
   Args:
-    precision: 'float32' (never says anything) or 'bfloat16'.
     cpuinfo, onednn_enabled: as in `bfloat16_support`.
     kernels: 'auto' or 'bfloat16' (`EMULATED_MESSAGE_OWN_KERNELS`), as
       `eb.wrap_model_fn` gets it.
 
   Returns:
     The message logged by this call, or None.
-
-  Raises:
-    ValueError: `precision` is not one of `PRECISIONS`.
   """
   global _said
-  if not precision_lib.parse_precision(precision).bfloat16:
-    return None
   support = bfloat16_support(cpuinfo, onednn_enabled)
   if support.native is not False:
     return None

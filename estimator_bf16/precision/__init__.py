@@ -1,1 +1,1 @@
-"""The precision value, casting at boundaries, float32 master weights, the audit."""
+"""The precision value, per-op precision facts, rounding, casting at boundaries, float32 specs."""

@@ -3,7 +3,7 @@
 Only floating tensors are cast. Integer ids, labels, booleans and strings are
 never touched: a token id cast to bfloat16 loses every value above 256, and
 TPUs need int32 ids as they are. A bfloat16 tensor that autocast rounded
-from a float32 one (`estimator_bf16.autocast.rounding`) is given back as
+from a float32 one (`estimator_bf16.precision.rounding`) is given back as
 that float32 tensor when cast to float32.
 """
 
@@ -11,7 +11,7 @@ import collections.abc
 
 import tensorflow as tf
 
-from estimator_bf16.autocast import rounding
+from estimator_bf16.precision import rounding
 from estimator_bf16.precision import policy as precision_lib
 
 FLOATING_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)

@@ -8,7 +8,7 @@ those field names (a TensorFlow 2.16+ backend included).
 from absl import logging
 import tensorflow as tf
 
-from estimator_bf16.autocast import rounding
+from estimator_bf16.precision import rounding
 from estimator_bf16.precision import casting
 
 

@@ -17,7 +17,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
-from estimator_bf16.autocast import rounding
+from estimator_bf16.precision import rounding
 from estimator_bf16.precision import policy as precision_lib
 
 

@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.estimator import tpu as tpu_facts
-from estimator_bf16.memory import accumulation
+from estimator_bf16.platform import tpu as tpu_facts
+from estimator_bf16.levers import accumulation
 from estimator_bf16.memory import peak as memory_lib
 from estimator_bf16.platform import backend
 from estimator_bf16.platform import patching
@@ -91,7 +91,7 @@ def _micro_batch(run, arguments):
   `gradient_accumulation_steps`). A plain Estimator has no batch
   argument: its input_fn's batch is the micro-batch. On a TPU the input_fn
   keeps the update's batch and each step of the device loop splits it
-  (`memory.device_accumulation`).
+  (`levers.device_accumulation`).
   """
   batch = arguments.get('train_batch_size')
   if batch is None:

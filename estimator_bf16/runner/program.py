@@ -45,9 +45,9 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.memory import levers as levers_lib
+from estimator_bf16.levers import apply as levers_lib
 from estimator_bf16.platform import quiet
-from estimator_bf16.precision import audit as audit_lib
+from estimator_bf16.safety import audit as audit_lib
 from estimator_bf16.runner import estimator_patches
 from estimator_bf16.runner import execution
 from estimator_bf16.runner import results

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.estimator import tpu as tpu_facts
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import peak as peak_lib
 from estimator_bf16.platform import cpu_bfloat16
@@ -176,7 +176,7 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
 
   Accumulation is left out where the runner cannot split the estimator's
   batch (`TrainGraph.accumulation_note`); on a TPU each step of the device
-  loop splits its batch itself (`memory.device_accumulation`), so a TPU
+  loop splits its batch itself (`levers.device_accumulation`), so a TPU
   core's budget plans it too.
 
   Args:
@@ -189,7 +189,7 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
       emulates bfloat16, with the float32 copies its matmuls make and the
       planner's wider margin there. False plans a TPU core (`check`).
     tpu: the budget is a TPU core's (`--device=tpu-*`): tensors are planned
-      padded to the TPU's tiles (`estimator.tpu.TPU_TILE`).
+      padded to the TPU's tiles (`platform.tpu.TPU_TILE`).
 
   Returns:
     An `estimator_bf16.memory.fit.FitResult`.

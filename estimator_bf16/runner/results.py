@@ -20,7 +20,7 @@ class TrainGraph:
   Attributes:
     model_fn: the program's own model_fn (unwrapped).
     params: the params it got, without TPUEstimator's own keys.
-    features, labels: nests of `memory.batch_dim.ExampleSpec` of one
+    features, labels: nests of `levers.batch_dim.ExampleSpec` of one
       example (shape without the batch, and where the batch goes), as the
       input pipeline delivered them; labels may be None.
     variable_shapes: (name, shape list) of each trainable variable.

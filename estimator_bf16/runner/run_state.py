@@ -17,8 +17,8 @@ import weakref
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.estimator import calling
-from estimator_bf16.memory import batch_dim
+from estimator_bf16.compat import calling
+from estimator_bf16.levers import batch_dim
 from estimator_bf16.runner import results
 
 # TPUEstimator's own params; never passed on to the memory planner.

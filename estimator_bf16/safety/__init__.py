@@ -1,1 +1,1 @@
-"""Training that fails safely: numeric guards, activation range, preemption, checkpoints."""
+"""Training that fails safely: the graph audit, numeric guards, activation range, preemption, checkpoints."""

@@ -13,7 +13,7 @@ import json
 from absl import logging
 import tensorflow as tf
 
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 
 # Smallest normal bfloat16 (the exponent range is float32's): TPUs flush
 # anything smaller to zero.

@@ -30,7 +30,7 @@ import threading
 from absl import logging
 import tensorflow as tf
 
-from estimator_bf16.estimator import calling
+from estimator_bf16.compat import calling
 from estimator_bf16.platform import patching
 
 _MARKER = 'numeric guard:'

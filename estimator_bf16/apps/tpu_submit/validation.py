@@ -7,7 +7,7 @@ network or the file system, so a rejected command never costs a TPU.
 
 import re
 
-from estimator_bf16.estimator import tpu
+from estimator_bf16.platform import tpu
 
 # A Cloud TPU core count is given in TensorCores; every host of the v2, v3,
 # v4 and v5p generations holds one board's 8, so more means a pod slice.

@@ -62,9 +62,9 @@ import tensorflow as tf
 from tensorflow.python.ops import gradients_impl
 from tensorflow.python.util import object_identity
 
-from estimator_bf16.memory import recompute_cuts
-from estimator_bf16.memory import recompute_path
-from estimator_bf16.memory import recompute_segments
+from estimator_bf16.levers import recompute_cuts
+from estimator_bf16.levers import recompute_path
+from estimator_bf16.levers import recompute_segments
 
 
 class _Local(threading.local):

@@ -30,11 +30,11 @@ import threading
 import tensorflow as tf
 from tensorflow.python.ops import gradients as gradients_module
 
-from estimator_bf16.estimator import calling
-from estimator_bf16.memory import accumulation
-from estimator_bf16.memory import batch_dim
-from estimator_bf16.memory import device_accumulation
-from estimator_bf16.memory import recompute
+from estimator_bf16.compat import calling
+from estimator_bf16.levers import accumulation
+from estimator_bf16.levers import batch_dim
+from estimator_bf16.levers import device_accumulation
+from estimator_bf16.levers import recompute
 from estimator_bf16.platform import patching
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 from estimator_bf16.platform import shown_paths
 from estimator_bf16.precision.casting import FLOATING_DTYPES
 from estimator_bf16.precision.casting import HALF_DTYPES

@@ -22,8 +22,8 @@ import math
 
 import tensorflow as tf
 
-from estimator_bf16.autocast import op_lists
-from estimator_bf16.memory import recompute_path
+from estimator_bf16.precision import op_lists
+from estimator_bf16.levers import recompute_path
 
 # Op pairs (producer -> consumer) that TensorFlow's CPU rewrites fuse, in the
 # forward pass or in their gradients; a cut never separates them.

@@ -22,7 +22,7 @@ from tensorflow.python.ops import gradients_impl
 from tensorflow.compiler.tf2xla.python import xla as tf2xla
 from tensorflow.python.util import object_identity
 
-from estimator_bf16.memory import op_copy
+from estimator_bf16.levers import op_copy
 from estimator_bf16.platform import xla_context
 
 

@@ -26,7 +26,7 @@ that are kept (their forward outputs reused). Kept are:
 import tensorflow as tf
 from tensorflow.python.util import object_identity
 
-from estimator_bf16.autocast import op_lists
+from estimator_bf16.precision import op_lists
 
 # Bytes an element of a dtype without a fixed size (strings, variants,
 # resources) is counted as: such tensors are small handles in practice.

@@ -45,11 +45,11 @@ Nothing here depends on the precision or on tf.estimator.
 import tensorflow as tf
 from tensorflow.python.ops import gradients_impl
 
-from estimator_bf16.memory import batch_dim
-from estimator_bf16.memory import op_copy
-from estimator_bf16.memory import recompute
-from estimator_bf16.memory import recompute_path
-from estimator_bf16.precision import audit
+from estimator_bf16.levers import batch_dim
+from estimator_bf16.levers import op_copy
+from estimator_bf16.levers import recompute
+from estimator_bf16.levers import recompute_path
+from estimator_bf16.safety import audit
 
 
 def _batch_axis(tensor, batch_size):
