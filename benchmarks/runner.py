@@ -452,8 +452,8 @@ def run(config, out_dir, sections=SECTIONS):
                                         cpu_upcast)])
   if 'xla_recompute' in sections:
     results['xla_recompute'] = timed('xla_recompute', lambda: [
-        xla_levers.recompute_rows(config.model(name), batch)
-        for name, batch in config.xla_recompute_runs])
+        xla_levers.recompute_rows(config.model(name), batch, precision)
+        for name, batch, precision in config.xla_recompute_runs])
   if 'xla_planner' in sections:
     results['xla_planner'] = timed('xla_planner', lambda: [
         row for model, batch in config.xla_planner_runs

@@ -30,25 +30,34 @@ LEVER_COMBINATIONS = (('plain', 1, False), ('accumulate', 4, False),
                       ('recompute', 1, True), ('both', 4, True))
 
 
-def xla_step_of(spec, precision, batch_size, steps=1, recompute=False):
+def xla_step_of(spec, precision, batch_size, steps=1, recompute=False,
+                loop_steps=_LOOP_STEPS):
   """XLA's build of `spec`'s step at `batch_size` per core (`XlaStep`)."""
   return xla_step.train_loop_on_xla(
       graphs.model_fn(spec), graphs.synthetic_input_fn(spec),
-      batch_size=batch_size, iterations_per_loop=_LOOP_STEPS, loops=_LOOPS,
+      batch_size=batch_size, iterations_per_loop=loop_steps, loops=_LOOPS,
       precision=precision, gradient_accumulation_steps=steps,
       recompute=recompute)
 
 
-def recompute_rows(spec, batch_size, precision='bfloat16'):
+def recompute_rows(spec, batch_size, precision='bfloat16', loop_steps=1):
   """Recompute's saving as XLA compiles the step.
+
+  Args:
+    spec: the model's `ModelSpec`.
+    batch_size: int, per core.
+    precision: of the step.
+    loop_steps: steps per compiled loop: one for full-size models, whose
+      step takes a minute or more on this CPU.
 
   Returns:
     dict: 'model', 'batch', 'precision', 'plain_mib', 'recompute_mib',
     'bytes_ratio' (recompute / plain), 'time_ratio' (seconds per step,
     recompute / plain).
   """
-  plain = xla_step_of(spec, precision, batch_size)
-  recomputed = xla_step_of(spec, precision, batch_size, recompute=True)
+  plain = xla_step_of(spec, precision, batch_size, loop_steps=loop_steps)
+  recomputed = xla_step_of(spec, precision, batch_size, recompute=True,
+                           loop_steps=loop_steps)
   return {
       'model': spec.name, 'batch': batch_size, 'precision': precision,
       'plain_mib': plain.step_bytes / MiB,

@@ -697,7 +697,7 @@ def test_xla_tables_are_the_quotients_they_name(tmp_path):
   # The XLA sections at the MLP's size: a recompute row and the planner's
   # eight lever/precision rows, with the figures each row is made of.
   config = dataclasses.replace(
-      _tiny_config(), xla_recompute_runs=(('mnist_mlp', 64),),
+      _tiny_config(), xla_recompute_runs=(('mnist_mlp', 64, 'bfloat16'),),
       xla_planner_runs=(('mnist_mlp', 64),))
   results = runner.run(config, str(tmp_path), ('xla_recompute',
                                                'xla_planner'))
