@@ -6,6 +6,8 @@ from absl.testing import parameterized
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.framework import op_def_library
+from tensorflow.python.framework import tensor_conversion_registry
 
 import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
@@ -818,6 +820,62 @@ class SecondThreadTest(tf.test.TestCase):
       done.set()
       thread.join(30)
     self.assertEqual(seen['autocast'], [BF16])
+
+
+class SwapTest(tf.test.TestCase):
+  """Autocast's swap replaces what is in place when it is applied."""
+
+  def test_a_stand_in_installed_before_is_deferred_to_and_put_back(self):
+    # pylint: disable=protected-access
+    before = (op_def_library._apply_op_helper,
+              tensor_conversion_registry.convert)
+    seen = []
+
+    def apply_op_stand_in(op_type_name, *args, **kwargs):
+      seen.append(op_type_name)
+      return before[0](op_type_name, *args, **kwargs)
+
+    def convert_stand_in(*args, **kwargs):
+      seen.append('convert')
+      return before[1](*args, **kwargs)
+
+    op_def_library._apply_op_helper = apply_op_stand_in
+    tensor_conversion_registry.convert = convert_stand_in
+    try:
+      with tf.Graph().as_default() as graph:
+        with eb.autocast('bfloat16'):
+          self.assertIsNot(op_def_library._apply_op_helper, apply_op_stand_in)
+          w = tf.compat.v1.get_variable('w', [3, 2])
+          del seen[:]
+          tf.matmul(tf.ones([2, 3], BF16), w)
+        # The rules still applied, and made their ops through the stand-in.
+        self.assertEqual(_t_dtypes(graph, 'MatMul'), [BF16])
+        self.assertIn('MatMul', seen)
+        self.assertIn('convert', seen)
+      # The stand-in is back, not the function TensorFlow had at import.
+      self.assertIs(op_def_library._apply_op_helper, apply_op_stand_in)
+      self.assertIs(tensor_conversion_registry.convert, convert_stand_in)
+    finally:
+      op_def_library._apply_op_helper, tensor_conversion_registry.convert = (
+          before)
+
+  def test_nested_contexts_undo_once_the_last_leaves(self):
+    # pylint: disable=protected-access
+    before = op_def_library._apply_op_helper
+    with tf.Graph().as_default() as graph:
+      with eb.float32_ops():
+        with eb.autocast('bfloat16'):
+          inside = op_def_library._apply_op_helper
+          self.assertIsNot(inside, before)
+          with eb.keep_float32():
+            self.assertIs(op_def_library._apply_op_helper, inside)
+        self.assertIs(op_def_library._apply_op_helper, inside)
+        w = tf.compat.v1.get_variable('w', [3, 2])
+        tf.matmul(tf.ones([2, 3]), w)
+      self.assertEqual(_t_dtypes(graph, 'MatMul'), [tf.float32])
+    self.assertIs(op_def_library._apply_op_helper, before)
+    with tf.Graph().as_default():
+      self.assertEqual(tf.ones([2]).dtype, tf.float32)  # Plain TF again.
 
 
 def _sgd_spec(mode, loss):

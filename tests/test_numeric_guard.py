@@ -258,6 +258,86 @@ class MakeTpuEstimatorGuardTest(tf.test.TestCase):
       estimator.train(input_fn, max_steps=2)
 
 
+def _guard_stop():
+  return tf.errors.InvalidArgumentError(
+      None, None, 'numeric guard: NaN/Inf at global step 3 in loss. The '
+      'update of this step was not applied.')
+
+
+class RaiseGuardErrorsTest(tf.test.TestCase):
+  """The train wrapper is this instance's only, and can be undone."""
+
+  def test_only_the_guarded_estimator_is_changed_and_undone(self):
+
+    def model_fn(features, labels, mode, params):
+      del features, labels, mode, params
+
+    def make(guarded):
+      return eb.make_tpu_estimator(
+          model_fn, model_dir=self.create_tempdir().full_path,
+          precision='float32', train_batch_size=8, numeric_guard=guarded)
+
+    guarded = make(True)
+    estimator_class = type(guarded)
+    class_train = vars(estimator_class).get('train')
+    unguarded, other_guarded = make(False), make(True)
+    self.assertIs(type(unguarded), estimator_class)
+    self.assertIn('train', vars(guarded))
+    self.assertIn('train', vars(other_guarded))
+    self.assertNotIn('train', vars(unguarded))
+    self.assertIs(vars(estimator_class).get('train'), class_train)
+    guards.stop_raising_guard_errors(guarded)
+    self.assertNotIn('train', vars(guarded))
+    self.assertIs(guarded.train.__func__, estimator_class.train)
+    self.assertIn('train', vars(other_guarded))  # Still its own.
+    with self.assertRaisesRegex(RuntimeError, 'without a matching start'):
+      guards.stop_raising_guard_errors(guarded)
+
+  def test_a_train_the_instance_had_is_wrapped_once_and_put_back(self):
+    calls = []
+
+    def stand_in(*args, **kwargs):
+      calls.append((args, kwargs))
+      raise _guard_stop()
+
+    estimator = type('FakeEstimator', (), {})()
+    estimator.train = stand_in
+    self.assertIs(guards.raise_guard_errors(estimator), estimator)
+    guards.raise_guard_errors(estimator)  # A second user: no second wrapper.
+    with self.assertRaises(guards.NumericGuardError) as caught:
+      estimator.train('input_fn', max_steps=4)
+    self.assertEqual(caught.exception.step, 3)
+    self.assertIsInstance(caught.exception.__cause__,
+                          tf.errors.InvalidArgumentError)
+    self.assertEqual(calls, [(('input_fn',), {'max_steps': 4})])
+    guards.stop_raising_guard_errors(estimator)
+    self.assertIsNot(estimator.train, stand_in)  # One user is left.
+    guards.stop_raising_guard_errors(estimator)
+    self.assertIs(estimator.train, stand_in)
+
+  def test_threads_share_the_wrapper_undone_by_the_last(self):
+    estimator = type('FakeEstimator', (), {'train': lambda self: 'trained'})()
+    barrier = threading.Barrier(4, timeout=30)
+    wrapped = []
+
+    def user():
+      guards.raise_guard_errors(estimator)
+      barrier.wait()
+      wrapped.append(vars(estimator).get('train'))
+      barrier.wait()
+      guards.stop_raising_guard_errors(estimator)
+
+    threads = [threading.Thread(target=user) for _ in range(4)]
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join(30)
+    self.assertLen(set(map(id, wrapped)), 1)
+    self.assertIsNotNone(wrapped[0])
+    self.assertNotIn('train', vars(estimator))
+    self.assertEqual(estimator.train(), 'trained')
+
+
 @pytest.mark.slow
 class ActivationStatsTest(tf.test.TestCase):
 

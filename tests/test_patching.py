@@ -122,6 +122,18 @@ class PatcherTest(tf.test.TestCase):
       self.assertEqual(patcher.users, (first,))
     self.assertEqual(patcher.users, ())
 
+  def test_the_same_user_in_nested_blocks_leaves_with_its_outer_block(self):
+    patcher = patching.Patcher(lambda: [])
+    user, other = object(), object()
+    with patcher.active(user):
+      with patcher.active(other):
+        with patcher.active(user):
+          self.assertEqual(patcher.users, (user, other, user))
+        self.assertEqual(patcher.users, (user, other))
+      self.assertEqual(patcher.users, (user,))
+    self.assertEqual(patcher.users, ())
+
+
 class SlimRepairTest(tf.test.TestCase):
 
   def test_the_repair_is_in_force_only_while_a_build_runs(self):

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 
 from absl.testing import parameterized
 import tensorflow as tf
@@ -189,6 +190,35 @@ class DeprecationNoticesTest(tf.test.TestCase):
                   'p.py']):
       with quiet.deprecation_notices_hidden(argv):
         self.assertEqual(self._printing(), before)
+
+  def test_overlapping_uses_on_two_threads_put_back_what_was_there(self):
+    from tensorflow.python.util import deprecation  # pylint: disable=g-import-not-at-top
+    # pylint: disable=protected-access
+    before = deprecation._PRINT_DEPRECATION_WARNINGS
+    stand_in = object()  # Whatever someone set before: it comes back.
+    argv = ['python', '-m', 'estimator_bf16', 'run', 'p.py']
+    entered, leave, left = (threading.Event() for _ in range(3))
+
+    def first_user():
+      with quiet.deprecation_notices_hidden(argv):
+        entered.set()
+        leave.wait(30)
+      left.set()
+
+    deprecation._PRINT_DEPRECATION_WARNINGS = stand_in
+    thread = threading.Thread(target=first_user)
+    try:
+      thread.start()
+      self.assertTrue(entered.wait(30))
+      with quiet.deprecation_notices_hidden(argv):
+        leave.set()  # The first user leaves while this one is inside.
+        self.assertTrue(left.wait(30))
+        self.assertIs(self._printing(), False)
+      self.assertIs(self._printing(), stand_in)
+    finally:
+      leave.set()
+      thread.join(30)
+      deprecation._PRINT_DEPRECATION_WARNINGS = before
 
 
 if __name__ == '__main__':

@@ -8,6 +8,7 @@ the program's folders see TF 1.x `tensorflow`), the contrib mapping and
 its one-line error.
 """
 
+import builtins as builtins_module
 import contextlib
 import functools
 import glob
@@ -20,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import textwrap
+import threading
 import types
 
 from absl.testing import parameterized
@@ -32,6 +34,7 @@ from estimator_bf16.apps import cli
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import tf1
 from estimator_bf16.runner.tf1 import contrib as contrib_lib
+from estimator_bf16.runner.tf1 import module as module_lib
 from estimator_bf16.runner.tf1 import scope as scope_lib
 from tests import test_runner
 
@@ -656,6 +659,73 @@ class ShapesTest(tf.test.TestCase):
       self.assertIsInstance(scoped['first'](shape)[0],
                             tf.compat.v1.Dimension)
     self.assertIsInstance(scoped['first'](shape)[0], int)
+
+  def _tf1_code(self, builtins):
+    """A function run as TF 1.x code on `builtins`: (dim type, shape[0])."""
+    code = compile('def first(shape):\n  return shape[0]\n',
+                   os.path.join(self.create_tempdir().full_path, 'x.py'),
+                   'exec')
+    scoped = {'__builtins__': builtins}
+    exec(code, scoped)  # pylint: disable=exec-used
+    return scoped['first']
+
+  def test_a_stand_in_installed_before_is_asked_and_put_back(self):
+    original = vars(tensor_shape.TensorShape)['_v2_behavior']
+    asked = []
+
+    def stand_in_getter(shape):
+      asked.append(shape)
+      return original.fget(shape)
+
+    stand_in = property(stand_in_getter)
+    builtins = dict(vars(builtins_module))
+    first = self._tf1_code(builtins)
+    tensor_shape.TensorShape._v2_behavior = stand_in
+    try:
+      with module_lib.v1_shapes_for(builtins):
+        self.assertIsInstance(first(tf.TensorShape([3])),
+                              tf.compat.v1.Dimension)
+        self.assertFalse(asked)  # TF 1.x code: the scope answers.
+        self.assertIsInstance(tf.TensorShape([3])[0], int)
+        self.assertTrue(asked)  # Other code: the stand-in answers.
+      self.assertIs(vars(tensor_shape.TensorShape)['_v2_behavior'], stand_in)
+    finally:
+      tensor_shape.TensorShape._v2_behavior = original
+
+  def test_scopes_on_two_threads_undo_when_the_last_leaves(self):
+    original = vars(tensor_shape.TensorShape)['_v2_behavior']
+    base = dict(vars(builtins_module))
+    entered, leave_first, first_left = (threading.Event() for _ in range(3))
+    seen = {}
+
+    def first_thread(builtins):
+      with module_lib.v1_shapes_for(builtins):
+        entered.set()
+        leave_first.wait(30)
+      first_left.set()
+
+    first_builtins, second_builtins = dict(base), dict(base)
+    first_code = self._tf1_code(first_builtins)
+    second_code = self._tf1_code(second_builtins)
+    thread = threading.Thread(target=first_thread, args=(first_builtins,))
+    thread.start()
+    try:
+      self.assertTrue(entered.wait(30))
+      with module_lib.v1_shapes_for(second_builtins):
+        # The first thread leaves while this one is still inside.
+        leave_first.set()
+        self.assertTrue(first_left.wait(30))
+        seen['second'] = type(second_code(tf.TensorShape([3])))
+        seen['first_after_leaving'] = type(first_code(tf.TensorShape([3])))
+        self.assertIsNot(vars(tensor_shape.TensorShape)['_v2_behavior'],
+                         original)
+    finally:
+      leave_first.set()
+      thread.join(30)
+    self.assertEqual(seen, {'second': tf.compat.v1.Dimension,
+                            'first_after_leaving': int})
+    self.assertIs(vars(tensor_shape.TensorShape)['_v2_behavior'], original)
+    self.assertIsInstance(second_code(tf.TensorShape([3])), int)
 
   def test_covers_the_folders_but_not_libraries_or_this_package(self):
     root = self.create_tempdir().full_path

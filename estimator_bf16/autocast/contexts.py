@@ -10,8 +10,6 @@ built at a stand-in batch (the memory planner's).
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.framework import op_def_library
-from tensorflow.python.framework import tensor_conversion_registry
 
 from estimator_bf16.autocast import master_weights
 from estimator_bf16.autocast import rules
@@ -20,13 +18,23 @@ from estimator_bf16.platform import patching
 from estimator_bf16.precision import policy as precision_lib
 
 
+_REPLACEMENTS = {'_apply_op_helper': rules.apply_op_with_autocast,
+                 'convert': rules.convert_with_autocast}
+
+
 def _install():
   # The two entry points every graph op and every tensor conversion pass
-  # through; both are looked up by module attribute at call time.
-  op_def_library._apply_op_helper = rules.apply_op_with_autocast  # pylint: disable=protected-access
-  tensor_conversion_registry.convert = rules.convert_with_autocast
-  return [(op_def_library, '_apply_op_helper', state.ORIGINAL_APPLY_OP),
-          (tensor_conversion_registry, 'convert', state.ORIGINAL_CONVERT)]
+  # through; both are looked up by module attribute at call time. What is
+  # there now (TensorFlow's function or someone's stand-in) is what the
+  # rules defer to and what the undo puts back; it is recorded before the
+  # attribute changes, so a rule never finds its own replacement there.
+  undo = [state.forget_replaced]  # Undone last, after the attributes.
+  for owner, name in state.SWAPPED:
+    original = getattr(owner, name)
+    state.remember_replaced(name, original)
+    undo.append((owner, name, original))
+    setattr(owner, name, _REPLACEMENTS[name])
+  return undo
 
 
 _PATCHER = patching.Patcher(_install)

@@ -204,7 +204,7 @@ def build_substituted(op_def, op_type, name, keywords):
       if slots_lib.dtype_of(value) == tf.bfloat16:
         others = [op for op in input_ops if op is not value.op]
         slots_lib.put(keywords, slot, _float32_input(value, others))
-  structure, stateful, op, outputs = state.ORIGINAL_APPLY_OP(
+  structure, stateful, op, outputs = state.original_apply_op(
       op_type, name=name, **keywords)
   _mark(op, kind)
   if not graph_queries.in_tf1_control_flow():

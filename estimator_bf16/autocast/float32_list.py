@@ -41,7 +41,7 @@ def float32_op(op_def, op_type, name, keywords):
     `_apply_op_helper`'s 4-tuple.
   """
   casts.cast_half_inputs(op_def, keywords, tf.float32)
-  result = state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+  result = state.original_apply_op(op_type, name=name, **keywords)
   op = result[2]
   if any(graph_queries.bfloat16_source(t) is not None for t in op.inputs):
     autocast_gradients.read_bfloat16_inputs_in_gradient(op)
@@ -83,7 +83,7 @@ def remember_rounding(op_type, name, keywords):
   Returns:
     `_apply_op_helper`'s 4-tuple for the cast, built as asked.
   """
-  result = state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+  result = state.original_apply_op(op_type, name=name, **keywords)
   source = keywords.get('x')
   outputs = result[3]
   if (isinstance(source, tf.Tensor) and outputs and
@@ -113,9 +113,9 @@ def float32_keep_dtype(op_def, op_type, name, keywords):
             for slot in group]
   half = next((d for d in dtypes if d in rounding.HALF_DTYPES), None)
   if half is None:
-    return state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+    return state.original_apply_op(op_type, name=name, **keywords)
   casts.cast_half_inputs(op_def, keywords, tf.float32)
-  structure, stateful, op, outputs = state.ORIGINAL_APPLY_OP(
+  structure, stateful, op, outputs = state.original_apply_op(
       op_type, name=name, **keywords)
   if op_type == 'Softmax':
     autocast_gradients.round_softmax_gradient(op)

@@ -28,10 +28,10 @@ def apply_op_with_autocast(op_type_name, name=None, **keywords):
   """Stands in for `_apply_op_helper` while any thread uses autocast."""
   mode = state.STATE.mode() if not state.STATE.busy else None
   if mode is None:
-    return state.ORIGINAL_APPLY_OP(op_type_name, name=name, **keywords)
+    return state.original_apply_op(op_type_name, name=name, **keywords)
   op_def = op_def_registry.get(op_type_name)
   if op_def is None:
-    return state.ORIGINAL_APPLY_OP(op_type_name, name=name, **keywords)
+    return state.original_apply_op(op_type_name, name=name, **keywords)
   state.STATE.busy = True
   try:
     return _autocast_op(mode, op_def, op_type_name, name, keywords)
@@ -58,7 +58,7 @@ def convert_with_autocast(value, dtype=None, name=None, as_ref=False,
         return casts.cast(value, want)
       finally:
         state.STATE.busy = False
-  return state.ORIGINAL_CONVERT(value, dtype, name, as_ref, *args, **kwargs)
+  return state.original_convert(value, dtype, name, as_ref, *args, **kwargs)
 
 
 def _autocast_op(mode, op_def, op_type, name, keywords):
@@ -84,7 +84,7 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     return uniform_draws.float32_random(op_type, name, keywords)
   if op_type in op_lists.COMPARISON_OPS:
     uniform_draws.compare_float32_originals(op_def, keywords)
-    return state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+    return state.original_apply_op(op_type, name=name, **keywords)
   if mode == 'bfloat16' and op_type in op_lists.ZERO_SELECT_OPS:
     masked = zero_select.zero_select_as_multiply(op_type, name, keywords)
     if masked is not None:
@@ -98,7 +98,7 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     if cpu_kernels.substitutes(op_type):
       return cpu_kernels.build_substituted(
           op_def_registry.get(op_type), op_type, name, keywords)
-    result = state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+    result = state.original_apply_op(op_type, name=name, **keywords)
     weights.recast_weights_late(result[2])
     return result
   elif mode == 'bfloat16' and op_type in op_lists.FOLLOW_BFLOAT16_OPS:
@@ -112,7 +112,7 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
   if (mode == 'bfloat16' and cpu_kernels.substitutes(op_type) and
       cpu_kernels.has_bfloat16_input(op_def, keywords)):
     return cpu_kernels.build_substituted(op_def, op_type, name, keywords)
-  result = state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+  result = state.original_apply_op(op_type, name=name, **keywords)
   if mode == 'bfloat16' and op_type == 'Mul':
     gelu_gradient.mark(result[2])
   return result

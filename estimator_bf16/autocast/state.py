@@ -2,9 +2,10 @@
 
 Holds the one `threading.local` every autocast module reads (which modes
 this thread entered, whether autocast is making its own ops, the casts made
-so far, a cache of trainable variable names) and the two TensorFlow
-functions autocast stands in for, captured before it replaces them, so
-that the rules can still create ops the TensorFlow way.
+so far, a cache of trainable variable names) and the two functions autocast
+stands in for, read when its swap is applied (`contexts`), so that the
+rules can still create ops the way they were created before: TensorFlow's
+own functions, or whatever stand-in was installed at that time.
 """
 
 import threading
@@ -17,8 +18,45 @@ from tensorflow.python.framework import tensor_conversion_registry
 # every rule; 'off' (keep_float32) suspends both.
 _RANK = {'float32_list': 1, 'bfloat16': 2}
 
-ORIGINAL_APPLY_OP = op_def_library._apply_op_helper  # pylint: disable=protected-access
-ORIGINAL_CONVERT = tensor_conversion_registry.convert
+# The module attributes autocast replaces, by name, with their owners; and
+# what each held when the swap was applied, while it is in force (empty
+# otherwise). Process-wide, like the swap itself.
+SWAPPED = ((op_def_library, '_apply_op_helper'),
+           (tensor_conversion_registry, 'convert'))
+_REPLACED = {}
+
+
+def remember_replaced(name, function):
+  """Records what the swap of `name` (see `SWAPPED`) replaced."""
+  _REPLACED[name] = function
+
+
+def forget_replaced():
+  """Drops the records once the swap is undone (the undo's last step)."""
+  _REPLACED.clear()
+
+
+def original_apply_op(*args, **kwargs):
+  """`op_def_library._apply_op_helper` as it was before autocast's swap.
+
+  Outside the swap, whatever the module holds now.
+  """
+  # pylint: disable=protected-access
+  function = _REPLACED.get('_apply_op_helper')
+  if function is None:
+    function = op_def_library._apply_op_helper
+  return function(*args, **kwargs)
+
+
+def original_convert(*args, **kwargs):
+  """`tensor_conversion_registry.convert` as it was before autocast's swap.
+
+  Outside the swap, whatever the module holds now.
+  """
+  function = _REPLACED.get('convert')
+  if function is None:
+    function = tensor_conversion_registry.convert
+  return function(*args, **kwargs)
 
 
 class _ThreadState(threading.local):

@@ -32,9 +32,9 @@ def float32_random(op_type, name, keywords):
   """
   half = keywords.get('dtype')
   if half is None or tf.as_dtype(half) not in rounding.HALF_DTYPES:
-    return state.ORIGINAL_APPLY_OP(op_type, name=name, **keywords)
+    return state.original_apply_op(op_type, name=name, **keywords)
   keywords['dtype'] = tf.float32
-  structure, stateful, op, outputs = state.ORIGINAL_APPLY_OP(
+  structure, stateful, op, outputs = state.original_apply_op(
       op_type, name=name, **keywords)
   rounded = tf.cast(outputs[0], half, name=op.name.split('/')[-1] + '_' +
                     tf.as_dtype(half).name)

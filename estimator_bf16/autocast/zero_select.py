@@ -103,7 +103,7 @@ def zero_select_as_multiply(op_type, name, keywords):
   if not keep:
     condition = tf.math.logical_not(condition)
   mask = tf.cast(condition, value.dtype)
-  result = state.ORIGINAL_APPLY_OP('MulNoNan', name=name or op_type, x=value,
+  result = state.original_apply_op('MulNoNan', name=name or op_type, x=value,
                                    y=mask)
   autocast_gradients.recast_mask_in_gradient(result[2])
   return result

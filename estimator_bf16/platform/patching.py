@@ -1,10 +1,16 @@
 """Temporary attribute swaps shared by nested users, undone by the last one.
 
 Autocast, the numeric guard, the memory levers, the program runner, the TPU
-resolver stand-in, the compat backend's `install()` and the tf-slim repair
+resolver stand-in, the TF 1.x shapes of `estimator_bf16 run`, the hidden
+deprecation notices, the compat backend's `install()` and the tf-slim repair
 all replace attributes of modules or classes they do not own, and must put
 the originals back when their last user is done, even if users nest or
 several threads enter at once. `Patcher` is the one mechanism they share.
+
+An apply function reads what it replaces when it runs, never at import:
+whatever is in place then (TensorFlow's own function, or a stand-in someone
+else installed) is what its replacement defers to and what the undo puts
+back.
 
 A swap is process-wide: every thread sees the replacement while any user is
 active. Whoever installs one must make the replacement decide per thread
@@ -101,7 +107,8 @@ class Patcher(object):
     Args:
       user: an object the replacements find in `users` while the block
         runs (e.g. the run a patched constructor serves); None adds none.
-        It is matched by identity on exit.
+        It is matched by identity on exit, and each block removes only its
+        own entry, so the same object may enter nested blocks.
     """
     if user is not None:
       with self._lock:
@@ -113,4 +120,16 @@ class Patcher(object):
       self.stop()
       if user is not None:
         with self._lock:
-          self._users = tuple(u for u in self._users if u is not user)
+          self._users = _without_newest(self._users, user)
+
+
+def _without_newest(users, user):
+  """`users` less its newest entry that is `user` (by identity).
+
+  One entry per block: a user that entered twice (nested blocks given the
+  same object) stays listed until its outer block ends.
+  """
+  for index in range(len(users) - 1, -1, -1):
+    if users[index] is user:
+      return users[:index] + users[index + 1:]
+  return users

@@ -32,6 +32,7 @@ import subprocess
 import sys
 
 from estimator_bf16.platform import backend
+from estimator_bf16.platform import patching
 
 VERBOSE_FLAG = '--verbose'
 VERBOSE_HELP = ("Show TensorFlow's own C++ log lines, which the package's "
@@ -221,8 +222,8 @@ def deprecation_notices_hidden(argv=None):
   the user can act on, and it buries the program's own output. Acts only
   when the process is one of this package's commands without `--verbose`
   (as `quiet_commands`). TensorFlow keeps its switch in a module global,
-  so this is process-wide while active; it is put back on exit, also when
-  the body raises.
+  so this is process-wide while active; it is put back when the last
+  user leaves (a `patching.Patcher`), also when the body raises.
 
   Args:
     argv: the interpreter's full command line (default `sys.orig_argv`).
@@ -231,21 +232,26 @@ def deprecation_notices_hidden(argv=None):
   if not is_package_command(argv) or VERBOSE_FLAG in argv:
     yield
     return
-  # pylint: disable=g-import-not-at-top
-  import warnings
+  import warnings  # pylint: disable=g-import-not-at-top
+  with _DEPRECATION_PATCHER.active(), warnings.catch_warnings():
+    warnings.filterwarnings('ignore', message=r'.*is deprecated',
+                            category=UserWarning)
+    yield
+
+
+def _hide_deprecation_notices():
+  """Turns TensorFlow's deprecation switch off; the Patcher's apply."""
+  # Imported here: this module is loaded before TensorFlow (module doc).
+  # pylint: disable=g-import-not-at-top,protected-access
   from tensorflow.python.util import deprecation
-  # pylint: enable=g-import-not-at-top
-  # pylint: disable=protected-access
-  previous = deprecation._PRINT_DEPRECATION_WARNINGS
+  undo = [(deprecation, '_PRINT_DEPRECATION_WARNINGS',
+           deprecation._PRINT_DEPRECATION_WARNINGS)]
   deprecation._PRINT_DEPRECATION_WARNINGS = False
-  try:
-    with warnings.catch_warnings():
-      warnings.filterwarnings('ignore', message=r'.*is deprecated',
-                              category=UserWarning)
-      yield
-  finally:
-    deprecation._PRINT_DEPRECATION_WARNINGS = previous
-  # pylint: enable=protected-access
+  # pylint: enable=g-import-not-at-top,protected-access
+  return undo
+
+
+_DEPRECATION_PATCHER = patching.Patcher(_hide_deprecation_notices)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import re
 import threading
+import weakref
 
 from absl import logging
 import tensorflow as tf
@@ -77,20 +78,8 @@ def translate_error(error):
   return NumericGuardError(message, step=step, tensors=tensors)
 
 
-def raise_guard_errors(estimator):
-  """Makes `estimator.train` raise `NumericGuardError` for a guard's stop.
-
-  The guard stops a step with a `tf.errors.InvalidArgumentError` from inside
-  the session; this turns that error into the `NumericGuardError` it stands
-  for (the original chained as its cause). Other errors pass unchanged.
-
-  Args:
-    estimator: an Estimator whose model_fn went through `guard_model_fn`.
-
-  Returns:
-    `estimator`, whose `train` is replaced on this instance only.
-  """
-  train = estimator.train
+def _raising_guard_errors(train):
+  """`train`, raising `NumericGuardError` for a guard's stop."""
 
   @functools.wraps(train)
   def train_raising_guard_errors(*args, **kwargs):
@@ -102,8 +91,78 @@ def raise_guard_errors(estimator):
         raise
       raise numeric from e
 
-  estimator.train = train_raising_guard_errors
+  return train_raising_guard_errors
+
+
+def _swap_train(estimator_ref):
+  """Wraps one estimator's `train` on the instance; the Patcher's apply.
+
+  Not a TensorFlow swap: the class and every other estimator keep their
+  `train`; only this instance (one the package made, in
+  `make_tpu_estimator`) gets an attribute of its own. It goes through a
+  Patcher all the same, so that it is applied once however many users ask,
+  reads the `train` in place when applied (a stand-in an instance already
+  had is wrapped, and put back), and is undone by the last user.
+  """
+  estimator = estimator_ref()
+  original = vars(estimator).get('train', patching.MISSING)
+  estimator.train = _raising_guard_errors(estimator.train)
+
+  def undo():
+    # By weak reference, so that the Patcher (kept beside the estimator,
+    # not on it) does not keep a started estimator alive.
+    target = estimator_ref()
+    if target is not None:
+      patching.restore([(target, 'train', original)])
+
+  return [undo]
+
+
+# One Patcher per estimator given to `raise_guard_errors`, for as long as
+# the estimator lives.
+_TRAIN_PATCHERS = weakref.WeakKeyDictionary()
+_TRAIN_PATCHERS_LOCK = threading.Lock()
+
+
+def _train_patcher(estimator):
+  with _TRAIN_PATCHERS_LOCK:
+    patcher = _TRAIN_PATCHERS.get(estimator)
+    if patcher is None:
+      patcher = patching.Patcher(
+          functools.partial(_swap_train, weakref.ref(estimator)))
+      _TRAIN_PATCHERS[estimator] = patcher
+    return patcher
+
+
+def raise_guard_errors(estimator):
+  """Makes `estimator.train` raise `NumericGuardError` for a guard's stop.
+
+  The guard stops a step with a `tf.errors.InvalidArgumentError` from inside
+  the session; this turns that error into the `NumericGuardError` it stands
+  for (the original chained as its cause). Other errors pass unchanged.
+  Only this estimator is changed; `stop_raising_guard_errors` undoes it.
+
+  Args:
+    estimator: an Estimator whose model_fn went through `guard_model_fn`.
+
+  Returns:
+    `estimator`, whose `train` is wrapped on this instance only (once,
+    however often this is called).
+  """
+  _train_patcher(estimator).start()
   return estimator
+
+
+def stop_raising_guard_errors(estimator):
+  """Undoes one `raise_guard_errors(estimator)`; the last puts `train` back.
+
+  Args:
+    estimator: an estimator given to `raise_guard_errors`.
+
+  Raises:
+    RuntimeError: if there is no `raise_guard_errors` left to undo.
+  """
+  _train_patcher(estimator).stop()
 
 
 class _Local(threading.local):

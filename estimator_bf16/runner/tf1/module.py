@@ -17,7 +17,6 @@ indexed the shape runs in a TF 1.x module.
 
 import contextlib
 import sys
-import threading
 import types
 
 import tensorflow as tf
@@ -45,27 +44,36 @@ class Tf1Module(types.ModuleType):
     return sorted(set(dir(tf.compat.v1)) | {'contrib'})
 
 
-# The builtins dicts of TF 1.x modules in force (one per active scope): a
-# frame runs TF 1.x code exactly when its builtins are one of them. A tuple,
-# replaced under the lock, so the getter reads it without one.
-_TF1_BUILTINS = ()
-_LOCK = threading.Lock()
-_ORIGINAL = tensor_shape.TensorShape.__dict__['_v2_behavior']
+def _v1_shapes_property(original):
+  """`_v2_behavior` answering False for TF 1.x code, else as `original`.
 
+  Args:
+    original: what the class held when the swap is applied (TensorFlow's
+      property, or a stand-in installed before), asked for everything else.
+  """
 
-def _v2_behavior(shape):
-  # Frame 0 is this getter, 1 the TensorShape method that asked
-  # (__getitem__, __iter__, __str__, __repr__), 2 the code that called it.
-  caller = sys._getframe(2)  # pylint: disable=protected-access
-  for builtins in _TF1_BUILTINS:
-    if caller.f_builtins is builtins:
-      return False
-  return _ORIGINAL.fget(shape)
+  def _v2_behavior(shape):
+    # Frame 0 is this getter, 1 the TensorShape method that asked
+    # (__getitem__, __iter__, __str__, __repr__), 2 the code that called it.
+    caller = sys._getframe(2)  # pylint: disable=protected-access
+    # The builtins dicts of the TF 1.x modules in force, one per active
+    # `v1_shapes_for`: a frame runs TF 1.x code exactly when its builtins
+    # are one of them.
+    for builtins in _PATCHER.users:
+      if caller.f_builtins is builtins:
+        return False
+    if hasattr(original, '__get__'):
+      return original.__get__(shape, type(shape))
+    return original
+
+  return property(_v2_behavior)
 
 
 def _swap():
-  setattr(tensor_shape.TensorShape, '_v2_behavior', property(_v2_behavior))
-  return [(tensor_shape.TensorShape, '_v2_behavior', _ORIGINAL)]
+  owner = tensor_shape.TensorShape
+  original = vars(owner)['_v2_behavior']
+  setattr(owner, '_v2_behavior', _v1_shapes_property(original))
+  return [(owner, '_v2_behavior', original)]
 
 
 _PATCHER = patching.Patcher(_swap)
@@ -82,14 +90,6 @@ def v1_shapes_for(builtins):
   Yields:
     None. The property is put back when the last user leaves.
   """
-  global _TF1_BUILTINS
-  with _LOCK:
-    _TF1_BUILTINS += (builtins,)
-  try:
-    with _PATCHER.active():
-      yield
-  finally:
-    with _LOCK:
-      # By identity: two scopes' builtins dicts are equal as values.
-      index = [b is builtins for b in _TF1_BUILTINS].index(True)
-      _TF1_BUILTINS = _TF1_BUILTINS[:index] + _TF1_BUILTINS[index + 1:]
+  # Matched by identity: two scopes' builtins dicts are equal as values.
+  with _PATCHER.active(builtins):
+    yield
