@@ -28,16 +28,28 @@ import tensorflow as tf
 
 from benchmarks import configs
 from benchmarks import graphs
+from estimator_bf16.precision import op_lists
 
 VARIANTS = ('float32', 'bfloat16', configs.REWRITE)
 _OP_TYPE = re.compile(r'= (\w+)\(')
-_VARIABLE_READS = ('ReadVariableOp', 'VariableV2', 'VarHandleOp',
-                   '_MklReadVariableOp')
-_MATH = re.compile(r'MatMul|Conv2D|Einsum')
+# A cast of one of these (through READ_THROUGH_OPS) casts a weight.
+_WEIGHT_SOURCES = op_lists.VARIABLE_OPS | {op_lists.READ_VARIABLE_OP}
+# oneDNN's kernels carry their op's name after a prefix ('_MklCast') and
+# fused ones beside other names ('_MklNativeFusedMatMul'): a kernel is
+# matmul/conv work when it names one of the audit's matrix-unit op types.
+_MATH = re.compile('|'.join(sorted(
+    re.escape(op.lstrip('_')) for op in op_lists.MATMUL_CONV_OPS)))
+_ONEDNN_PREFIX = '_Mkl'
 # Optimizer updates: the fused Apply kernels and the ops of BERT's AdamW
 # (estimator_bf16/optimizers/adamw.py), which builds its update from plain ops in its scope.
 _OPTIMIZER = re.compile(r'(^|/)(AdamWeightDecay|Momentum|Adam|Adafactor)'
                         r'(/|_|$)|^Apply|^ResourceApply|/update_')
+
+
+def _op_type(kernel):
+  """The op type an executed kernel runs: `kernel` without oneDNN's prefix."""
+  return (kernel[len(_ONEDNN_PREFIX):] if kernel.startswith(_ONEDNN_PREFIX)
+          else kernel)
 
 
 def _executed_graph(run_metadata):
@@ -60,10 +72,10 @@ def _cast_kind(name, nodes):
     if source in seen:
       break
     seen.add(source)
-    op = nodes.get(source, ('', []))[0]
-    if op in _VARIABLE_READS:
+    op = _op_type(nodes.get(source, ('', []))[0])
+    if op in _WEIGHT_SOURCES:
       return 'weight'
-    if op not in ('Identity', '_MklIdentity'):
+    if op not in op_lists.READ_THROUGH_OPS:
       break
     op_inputs = nodes.get(source, ('', []))[1]
   return 'gradient' if 'gradients' in name else 'activation'
@@ -117,7 +129,7 @@ def _breakdown(metadata):
       kind, took = match.group(1), node.all_end_rel_micros
       op_types[kind][0] += 1
       op_types[kind][1] += took
-      if kind in ('Cast', '_MklCast'):
+      if _op_type(kind) == 'Cast':
         category = 'cast_' + _cast_kind(node.node_name, nodes)
         casts[category] += 1
         cast_bytes[category] += sum(

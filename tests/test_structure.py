@@ -42,6 +42,53 @@ def _modules():
   return found
 
 
+# Where an op type must not be spelled outside op_lists: the package and the
+# code that measures it. benchmarks/kernel_table.py is exempt: it is the
+# measurement op_lists' CPU list cites, a table of one timed case per op type.
+_OP_NAME_SCAN_DIRS = ('estimator_bf16', 'benchmarks', 'scripts')
+_OP_NAME_SCAN_EXEMPT = (os.path.join('estimator_bf16', 'precision',
+                                     'op_lists.py'),
+                        os.path.join('benchmarks', 'kernel_table.py'))
+
+
+def _op_name_scan_paths():
+  """Paths of the .py files the op-name scan reads."""
+  for folder in _OP_NAME_SCAN_DIRS:
+    for root, dirs, files in os.walk(os.path.join(_REPO, folder)):
+      dirs[:] = [d for d in dirs if d != '__pycache__']
+      for name in sorted(files):
+        path = os.path.join(root, name)
+        if (name.endswith('.py') and
+            os.path.relpath(path, _REPO) not in _OP_NAME_SCAN_EXEMPT):
+          yield path
+
+
+def _spelled_outside_op_lists(names, in_patterns=False):
+  """'path:line 'Name'' for every string constant in `names` found.
+
+  With `in_patterns`, also every name among the words of a pattern given to
+  a `re` function (`re.compile(r'MatMul|Conv2D')`).
+  """
+  spelled = []
+  for path in _op_name_scan_paths():
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      found = []
+      if isinstance(node, ast.Constant) and node.value in names:
+        found = [node.value]
+      elif (in_patterns and isinstance(node, ast.Call) and node.args and
+            isinstance(node.func, ast.Attribute) and
+            isinstance(node.func.value, ast.Name) and
+            node.func.value.id == 're' and
+            isinstance(node.args[0], ast.Constant) and
+            isinstance(node.args[0].value, str)):
+        found = sorted(set(re.findall(r'\w+', node.args[0].value)) & names)
+      spelled.extend('%s:%d %r' % (os.path.relpath(path, _REPO),
+                                   node.lineno, name) for name in found)
+  return spelled
+
+
 def _layer_order(readme):
   """Top-level folders of the package in the README layout table's order."""
   section = readme[readme.index('## Repository layout'):]
@@ -223,20 +270,21 @@ class LayoutTest(tf.test.TestCase):
 class OneHomePerFactTest(tf.test.TestCase):
 
   def test_matmul_conv_and_variable_op_names_only_in_op_lists(self):
-    names = (op_lists.MATMUL_CONV_OPS | op_lists.BFLOAT16_OPS |
-             op_lists.VARIABLE_OPS)
-    home = os.path.join(_PACKAGE, 'precision', 'op_lists.py')
-    spelled = []
-    for path in _modules().values():
-      if path == home:
-        continue
-      with open(path) as f:
-        tree = ast.parse(f.read())
-      for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and node.value in names:
-          spelled.append('%s:%d %r' % (os.path.relpath(path, _REPO),
-                                       node.lineno, node.value))
-    self.assertEqual(spelled, [])
+    self.assertEqual(_spelled_outside_op_lists(
+        op_lists.MATMUL_CONV_OPS | op_lists.BFLOAT16_OPS |
+        op_lists.VARIABLE_OPS, in_patterns=True), [])
+
+  def test_shared_op_families_only_in_op_lists(self):
+    # Op types that several modules classify the same way.
+    self.assertEqual(_spelled_outside_op_lists(
+        op_lists.VARIABLE_READ_OPS | op_lists.FLOAT32_KEEP_DTYPE_OPS |
+        op_lists.BATCH_NORM_OPS | op_lists.BATCH_NORM_GRAD_OPS |
+        op_lists.CONTROL_FLOW_OPS | op_lists.REF_CONTROL_FLOW_OPS), [])
+
+  def test_the_op_name_scan_reads_benchmarks_and_scripts(self):
+    scanned = {os.path.relpath(path, _REPO).split(os.sep)[0]
+               for path in _op_name_scan_paths()}
+    self.assertEqual(scanned, {'estimator_bf16', 'benchmarks', 'scripts'})
 
   def test_op_lists_name_registered_ops(self):
     from tensorflow.python.framework import op_def_registry  # pylint: disable=g-import-not-at-top

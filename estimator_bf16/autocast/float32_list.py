@@ -90,7 +90,7 @@ def remember_rounding(op_type, name, keywords):
       outputs[0].dtype.base_dtype in rounding.HALF_DTYPES and
       _float32_list_result(source)):
     rounding.remember_float32_original(outputs[0], source)
-    if source.op.type == 'Softmax':
+    if source.op.type == op_lists.SOFTMAX_OP:
       autocast_gradients.round_softmax_gradient(source.op)
   return result
 
@@ -117,7 +117,7 @@ def float32_keep_dtype(op_def, op_type, name, keywords):
   casts.cast_half_inputs(op_def, keywords, tf.float32)
   structure, stateful, op, outputs = state.original_apply_op(
       op_type, name=name, **keywords)
-  if op_type == 'Softmax':
+  if op_type == op_lists.SOFTMAX_OP:
     autocast_gradients.round_softmax_gradient(op)
   rounded = []
   for output in outputs:

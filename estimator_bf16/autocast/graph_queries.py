@@ -9,6 +9,8 @@ again in the backward pass, to re-make those copies late.
 
 import tensorflow as tf
 
+from estimator_bf16.precision import op_lists
+
 
 def bfloat16_source(value):
   """The bfloat16 tensor `value` is a float32 copy of, or None.
@@ -61,7 +63,7 @@ def variable_read_source(value):
   if (isinstance(value, tf.Tensor) and value.op.type == 'Cast' and
       value.dtype.base_dtype == tf.bfloat16):
     read = value.op.inputs[0]
-    if (read.op.type == 'ReadVariableOp' and
+    if (read.op.type == op_lists.READ_VARIABLE_OP and
         read.dtype.base_dtype == tf.float32):
       return read
   return None

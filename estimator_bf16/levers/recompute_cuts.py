@@ -27,13 +27,11 @@ from estimator_bf16.levers import recompute_path
 
 # Op pairs (producer -> consumer) that TensorFlow's CPU rewrites fuse, in the
 # forward pass or in their gradients; a cut never separates them.
-_FUSED_PRODUCERS = op_lists.MATMUL_CONV_OPS | frozenset([
-    'FusedBatchNorm', 'FusedBatchNormV2', 'FusedBatchNormV3', 'BiasAdd',
-    'BiasAddV1'])
-_FUSED_CONSUMERS = frozenset([
+_FUSED_PRODUCERS = (op_lists.MATMUL_CONV_OPS | op_lists.BATCH_NORM_OPS |
+                    frozenset(['BiasAdd', 'BiasAddV1']))
+_FUSED_CONSUMERS = op_lists.BATCH_NORM_OPS | frozenset([
     'BiasAdd', 'BiasAddV1', 'Add', 'AddV2', 'Relu', 'Relu6', 'Elu',
-    'LeakyRelu', 'Selu', 'Tanh', 'Sigmoid', 'FusedBatchNorm',
-    'FusedBatchNormV2', 'FusedBatchNormV3', 'Mul'])
+    'LeakyRelu', 'Selu', 'Tanh', 'Sigmoid', 'Mul'])
 
 
 def choose_cuts(path, kept, segments):

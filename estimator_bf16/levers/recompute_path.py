@@ -72,9 +72,8 @@ def _in_tf1_control_flow(op, context):
 # TF 1.x control-flow ops: a loop's entry of a value (a variable's handle
 # entering TPUEstimator's training loop) is part of the loop, not a
 # computation to repeat.
-_CONTROL_FLOW_OPS = frozenset(['Enter', 'RefEnter', 'Exit', 'RefExit',
-                               'Switch', 'RefSwitch', 'Merge', 'RefMerge',
-                               'NextIteration', 'RefNextIteration'])
+_CONTROL_FLOW_OPS = (op_lists.CONTROL_FLOW_OPS |
+                     op_lists.REF_CONTROL_FLOW_OPS)
 
 
 def _must_keep(op, context):

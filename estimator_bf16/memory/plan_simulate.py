@@ -21,10 +21,10 @@ from estimator_bf16.levers import recompute_path
 
 # Outputs that share the buffer of the input with the same index: no bytes
 # of their own, but they keep that buffer alive.
-_ALIAS_OPS = frozenset([
-    'Bitcast', 'Identity', 'IdentityN', 'Reshape', 'Squeeze', 'ExpandDims',
-    'StopGradient', 'Snapshot', 'PreventGradient', 'EnsureShape',
-    'CheckNumerics', 'ReadVariableOp', 'Enter', 'Exit', 'NextIteration',
+_ALIAS_OPS = op_lists.LOOP_OPS | frozenset([
+    op_lists.READ_VARIABLE_OP, 'Bitcast', 'Identity', 'IdentityN', 'Reshape',
+    'Squeeze', 'ExpandDims', 'StopGradient', 'Snapshot', 'PreventGradient',
+    'EnsureShape', 'CheckNumerics',
 ])
 # Elementwise kernels that write into an input buffer of the output's size
 # when this op is that buffer's last user (TensorFlow's

@@ -37,6 +37,11 @@ internal callers all create the same `Softmax` op.
   `READ_THROUGH_OPS` the ops through which a tensor is still a read of the
   variable (what tells a matmul that reads weights).
 
+* `BATCH_NORM_OPS`, `BATCH_NORM_GRAD_OPS`, `LOOP_OPS`, `CONTROL_FLOW_OPS`,
+  `SOFTMAX_OP`: op families that several modules read (the audit's allowed
+  mixes of dtypes, the memory planner's aliases, recompute's ops to keep,
+  the activation statistics' watched ops), named here once.
+
 * `LOSS_TAIL_OPS`: besides rearrangements, the ops TensorFlow's loss code
   puts between a float32-list op and the cast that rounds its result (the
   final division of a mean); that cast is still a rounding of a float32
@@ -69,11 +74,20 @@ FLOAT32_OPS = frozenset([
     'WriteHistogramSummary',
 ])
 
-FLOAT32_KEEP_DTYPE_OPS = frozenset(['Softmax', 'LogSoftmax'])
+# Softmax on its own: autocast rounds its gradient's reads (LogSoftmax's
+# gradient needs no such rounding), and it is an activation worth watching.
+SOFTMAX_OP = 'Softmax'
+FLOAT32_KEEP_DTYPE_OPS = frozenset([SOFTMAX_OP, 'LogSoftmax'])
 
-FOLLOW_BFLOAT16_OPS = frozenset([
+# Fused batch norm, forward; its gradients. Both take a 16-bit x (or
+# gradient) beside float32 scale, offset and statistics by design.
+BATCH_NORM_OPS = frozenset([
     'FusedBatchNorm', 'FusedBatchNormV2', 'FusedBatchNormV3',
 ])
+BATCH_NORM_GRAD_OPS = frozenset([
+    'FusedBatchNormGrad', 'FusedBatchNormGradV2', 'FusedBatchNormGradV3',
+])
+FOLLOW_BFLOAT16_OPS = BATCH_NORM_OPS
 
 FLOAT32_RANDOM_OPS = frozenset([
     'RandomUniform', 'StatelessRandomUniform', 'StatelessRandomUniformV2',
@@ -105,13 +119,23 @@ SPARSE_MATMUL_OP = 'SparseMatMul'
 MATMUL_OP = 'MatMul'
 MATMUL_CONV_OPS = MATMUL_OPS | CONV_OPS | DEPTHWISE_CONV_OPS | EINSUM_OPS
 
-# Ops that hold a variable (reference or resource), and ops that read one.
+# Ops that hold a variable (reference or resource), and ops that read one;
+# READ_VARIABLE_OP alone reads the whole variable (same shape and dtype).
 VARIABLE_OPS = frozenset(['VarHandleOp', 'VariableV2', 'Variable'])
-VARIABLE_READ_OPS = frozenset(['ReadVariableOp', 'ResourceGather',
+READ_VARIABLE_OP = 'ReadVariableOp'
+VARIABLE_READ_OPS = frozenset([READ_VARIABLE_OP, 'ResourceGather',
                                'ResourceGatherNd', 'VariableShape'])
 # Ops through which a tensor is still "a read of this variable".
-READ_THROUGH_OPS = frozenset(['ReadVariableOp', 'Identity', 'Enter',
+READ_THROUGH_OPS = frozenset([READ_VARIABLE_OP, 'Identity', 'Enter',
                               'TPUReplicatedInput'])
+
+# TF 1.x control flow: tf.while_loop's ops hand a value on unchanged into a
+# loop frame, out of it and to the next iteration; with tf.cond's Switch and
+# Merge (which hand it down one branch and back) they make the rest, and
+# reference-typed variables have a twin of each.
+LOOP_OPS = frozenset(['Enter', 'Exit', 'NextIteration'])
+CONTROL_FLOW_OPS = LOOP_OPS | frozenset(['Switch', 'Merge'])
+REF_CONTROL_FLOW_OPS = frozenset('Ref' + op for op in CONTROL_FLOW_OPS)
 
 # Ops between a float32-list op and the rounding cast in TensorFlow's own
 # loss code, besides rearrangements (the final division of a mean).

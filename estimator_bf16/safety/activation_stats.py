@@ -24,11 +24,11 @@ BFLOAT16_MAX = float(tf.bfloat16.max)
 _NEAR_OVERFLOW = 1e30
 _UNDERFLOW_WARNING = 0.01
 # Producers of activations worth watching; gradients and bookkeeping are not.
-_ACTIVATION_OPS = op_lists.MATMUL_CONV_OPS | frozenset([
-    'BiasAdd', 'Add', 'AddV2', 'Relu', 'Relu6',
-    'Elu', 'Selu', 'Gelu', 'Tanh', 'Sigmoid', 'Softmax', 'FusedBatchNorm',
-    'FusedBatchNormV2', 'FusedBatchNormV3', 'MaxPool', 'AvgPool', 'Mean',
-    'Mul', 'Square', 'Rsqrt', 'Erf'])
+_ACTIVATION_OPS = (
+    op_lists.MATMUL_CONV_OPS | op_lists.BATCH_NORM_OPS | frozenset([
+        op_lists.SOFTMAX_OP, 'BiasAdd', 'Add', 'AddV2', 'Relu', 'Relu6',
+        'Elu', 'Selu', 'Gelu', 'Tanh', 'Sigmoid', 'MaxPool', 'AvgPool',
+        'Mean', 'Mul', 'Square', 'Rsqrt', 'Erf']))
 
 
 def _watched_tensors(graph):

@@ -26,17 +26,17 @@ from estimator_bf16.precision.casting import HALF_DTYPES
 AUDIT_MODES = ('strict', 'warn', 'off')
 _FLOATS = frozenset(FLOATING_DTYPES)
 # Ops whose inputs legitimately differ in float dtype.
-_MIXED_ALLOWED = frozenset([
-    'Cast', 'Bitcast', 'FusedBatchNorm', 'FusedBatchNormV2',
-    'FusedBatchNormV3', 'FusedBatchNormGrad', 'FusedBatchNormGradV2',
-    'FusedBatchNormGradV3', '_FusedBatchNormEx', 'NoOp', 'Identity',
-    'IdentityN', 'Print', 'PrintV2', 'Assert', 'SaveV2', 'Save', 'SaveSlices',
-    'MergeV2Checkpoints', 'TensorSummary', 'TensorSummaryV2', 'Merge',
-    'Switch', 'Enter', 'Exit', 'NextIteration', 'If', 'StatelessIf', 'While',
-    'StatelessWhile', 'PartitionedCall', 'StatefulPartitionedCall',
-    'IteratorGetNext', 'OutfeedEnqueueTuple', 'InfeedEnqueueTuple',
-    'TPUReplicatedInput', 'TPUReplicatedOutput', 'Pack', 'Unpack',
-])
+_MIXED_ALLOWED = (
+    op_lists.BATCH_NORM_OPS | op_lists.BATCH_NORM_GRAD_OPS |
+    op_lists.CONTROL_FLOW_OPS | frozenset([
+        'Cast', 'Bitcast', '_FusedBatchNormEx', 'NoOp', 'Identity',
+        'IdentityN', 'Print', 'PrintV2', 'Assert', 'SaveV2', 'Save',
+        'SaveSlices', 'MergeV2Checkpoints', 'TensorSummary',
+        'TensorSummaryV2', 'If', 'StatelessIf', 'While', 'StatelessWhile',
+        'PartitionedCall', 'StatefulPartitionedCall', 'IteratorGetNext',
+        'OutfeedEnqueueTuple', 'InfeedEnqueueTuple', 'TPUReplicatedInput',
+        'TPUReplicatedOutput', 'Pack', 'Unpack',
+    ]))
 _ALWAYS_MIXED = frozenset([op_lists.SPARSE_MATMUL_OP])
 # The share of matmul/conv FLOPs that a bfloat16 model_fn must run in
 # bfloat16 to pass the strict audit of `wrap_model_fn`. Autocast puts every
