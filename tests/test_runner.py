@@ -786,7 +786,7 @@ class CommandLineTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       ('precision', ['run', '--precision=float16', 'x.py'],
-       '--precision must be one of float32, bfloat16'),
+       "--precision must be one of 'float32', 'bfloat16', got 'float16'"),
       ('audit', ['check', '--audit=loud', 'x.py'], '--audit must be one of'),
       ('missing', ['run', 'no_such_program.py'], 'no_such_program.py: no such'),
       ('command', ['train', 'x.py'], 'invalid choice'),
