@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from estimator_bf16.models import bert_input
 from estimator_bf16.models import imagenet_input
+from estimator_bf16.precision import policy
 from tests import record_writers
 
 _PRECISIONS = (
@@ -121,7 +122,9 @@ class ImageNetInputTest(tf.test.TestCase, parameterized.TestCase):
     input_fn = imagenet_input.imagenet_input_fn_builder(
         self.pattern, is_training=False, image_size=16, num_classes=10)
     with tf.Graph().as_default():
-      with self.assertRaisesRegex(ValueError, 'float16'):
+      with self.assertRaisesRegex(
+          ValueError, r"params\['precision'\]: .*'float32', 'bfloat16', "
+          "got 'float16'"):
         input_fn({'batch_size': 2, 'precision': 'float16'})
 
 
@@ -138,6 +141,12 @@ class SyntheticImageNetInputTest(tf.test.TestCase, parameterized.TestCase):
 
     (features, labels), batches = first_batch(0)
     self.assertEqual(features['image'].dtype, dtype)
+    # The runner and the trainer put a `Precision` in params: the same cast.
+    (parsed, _), _ = _read(
+        imagenet_input.synthetic_imagenet_input_fn_builder(
+            image_size=16, num_classes=5, seed=0),
+        dict(params, precision=policy.parse_precision(precision)), 1)
+    self.assertEqual(parsed['image'].dtype, dtype)
     self.assertEqual(features['image'].shape.as_list(), [4, 16, 16, 3])
     self.assertEqual(labels.dtype, tf.int32)
     _, again = first_batch(0)

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from unittest import mock
 
 from absl.testing import parameterized
 from google.protobuf import text_format
@@ -34,6 +35,7 @@ from estimator_bf16.apps import cli
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.models import digits
 from estimator_bf16.platform import shown_paths
+from estimator_bf16.precision import policy as precision_lib
 from estimator_bf16.runner import estimator_patches
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report
@@ -379,11 +381,37 @@ class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
   def test_wraps_model_fn_and_input_fn_of_an_estimator(self, precision):
     program = self._program(_ESTIMATOR_PROGRAM)
     seen_file = os.path.join(self.get_temp_dir(), 'seen_%s.json' % precision)
-    result = runner.run_program(
-        program, [os.path.join(self.get_temp_dir(), precision), seen_file],
-        precision=precision)
+    given = []
+
+    def recording(wrapper):
+      def wrap(fn, precision, *args, **kwargs):
+        given.append((wrapper.__name__, precision))
+        return wrapper(fn, precision, *args, **kwargs)
+      return wrap
+
+    # The seams where the run's precision leaves the runner: parsed once by
+    # run_program, the same `Precision` reaches every wrapper and params.
+    with mock.patch.object(eb, 'wrap_model_fn', recording(eb.wrap_model_fn)), \
+        mock.patch.object(eb, 'wrap_input_fn', recording(eb.wrap_input_fn)), \
+        mock.patch.object(precision_lib, 'parse_precision',
+                          wraps=precision_lib.parse_precision) as parses:
+      result = runner.run_program(
+          program, [os.path.join(self.get_temp_dir(), precision), seen_file],
+          precision=precision)
     self.assertEqual(result.exit_code, 0, result.error)
     self.assertEqual(result.estimators, 1)
+    self.assertIsInstance(result.precision, precision_lib.Precision)
+    self.assertEqual(result.precision, precision)
+    self.assertEqual(sorted(name for name, _ in given),
+                     ['wrap_input_fn', 'wrap_input_fn', 'wrap_model_fn'])
+    for _, value in given:
+      self.assertIs(value, result.precision)
+    # Only the first call parsed a name; the others got the value back.
+    self.assertEqual(parses.call_args_list[0], mock.call(precision))
+    self.assertNotIsInstance(parses.call_args_list[0].args[0],
+                             precision_lib.Precision)
+    for call in parses.call_args_list[1:]:
+      self.assertIsInstance(call.args[0], precision_lib.Precision)
     with open(seen_file) as f:
       seen = [tuple(item) for item in json.load(f)]
     modes = [item for item in seen if item[0] != 'input_fn']
@@ -580,8 +608,12 @@ estimator.evaluate(input_fn, steps=1)""",
       runner.run_program(os.path.join(folder, path))
 
   def test_unknown_precision_lists_choices(self):
-    with self.assertRaisesRegex(runner.ProgramError, 'float32.*bfloat16'):
+    with self.assertRaisesRegex(
+        ValueError, "--precision: precision must be one of 'float32', "
+        "'bfloat16', got 'float16'"):
       runner.run_program(self._program('pass'), precision='float16')
+    with self.assertRaisesRegex(runner.ProgramError, "'float32', 'bfloat16'"):
+      runner.run_program(self._program('pass'), precision=tf.bfloat16)
     with self.assertRaisesRegex(runner.ProgramError, 'strict, warn, off'):
       runner.run_program(self._program('pass'), audit='loud')
 
@@ -786,7 +818,7 @@ class CommandLineTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       ('precision', ['run', '--precision=float16', 'x.py'],
-       '--precision must be one of float32, bfloat16'),
+       "--precision must be one of 'float32', 'bfloat16', got 'float16'"),
       ('audit', ['check', '--audit=loud', 'x.py'], '--audit must be one of'),
       ('missing', ['run', 'no_such_program.py'], 'no_such_program.py: no such'),
       ('command', ['train', 'x.py'], 'invalid choice'),

@@ -326,6 +326,29 @@ class PrecisionParsedOnceTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, "'float32', 'bfloat16'"):
       policy.parse_precision('fp16')
 
+  def test_the_precisions_are_listed_once(self):
+    # A tuple, list, set or dict of both names is a second list (or map)
+    # of precisions: it belongs in precision/policy.py alone.
+    home = os.path.join(_PACKAGE, 'precision', 'policy.py')
+    found = []
+    for path in _modules().values():
+      if path == home:
+        continue
+      with open(path) as f:
+        tree = ast.parse(f.read())
+      for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+          items = [key for key in node.keys if key is not None]
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+          items = node.elts
+        else:
+          continue
+        names = {item.value for item in items
+                 if isinstance(item, ast.Constant)}
+        if set(policy.PRECISIONS) <= names:
+          found.append('%s:%d' % (os.path.relpath(path, _REPO), node.lineno))
+    self.assertEqual(found, [])
+
   def test_make_tpu_estimator_parses_the_precision_once(self):
     original = policy.Precision.__new__
     made = []

@@ -5,6 +5,7 @@ temporary bin/ that is first on PATH and named by $GCLOUD, so the real Google
 Cloud CLI can never be reached. Each test reads back the recorded argv lists.
 """
 
+import argparse
 import json
 import os
 import shlex
@@ -24,6 +25,9 @@ if _REPO not in sys.path:
 from estimator_bf16.apps.tpu_submit import command_runner as runner_lib
 from estimator_bf16.apps.tpu_submit import main as tpu_submit
 from estimator_bf16.apps.tpu_submit import packaging
+from estimator_bf16.apps.tpu_submit import program as program_lib
+from estimator_bf16.apps.tpu_submit import validation
+from estimator_bf16.precision import policy
 # pylint: enable=g-import-not-at-top
 
 PKG = 'estimator_bf16-0.1.0.tar.gz'
@@ -544,8 +548,8 @@ def test_program_dry_run_prints_and_runs_nothing(gcloud, package, program,
     (dict(program='{folder}/helper.txt'), 'give the Python program'),
     (dict(model_dir='gs://bucket/m'),
      '--model-dir is a flag of estimator_bf16.apps.train_cli; with --program'),
-    (dict(precision='float16'), '--precision=float16: use one of bfloat16, '
-     'float32'),
+    (dict(precision='float16'), "--precision must be one of 'float32', "
+     "'bfloat16', got 'float16'"),
     (dict(program=None, precision='float32'), '--precision goes with '
      '--program'),
     (dict(program=None, accumulate='4'), '--accumulate goes with '
@@ -573,6 +577,27 @@ def test_program_validation_exits_2_without_gcloud(gcloud, package, program,
   assert tpu_submit.main(argv) == 2
   assert message in capsys.readouterr().err
   assert gcloud.calls() == []
+
+
+@pytest.mark.parametrize('given, planned', [
+    (None, 'bfloat16'), ('float32', 'float32'), ('bfloat16', 'bfloat16')])
+def test_program_plan_parses_the_precision_once(program, given, planned):
+  args = argparse.Namespace(
+      program=str(program), precision=given, accumulate=None, recompute=None,
+      model_dir=None, data_dir=None, trainer_args=['--tpu=local'])
+  planned_program = program_lib.plan(args)
+  assert isinstance(planned_program.precision, policy.Precision)
+  assert planned_program.precision == planned
+  assert '--precision=' + planned in program_lib.run_words(planned_program, [])
+
+
+def test_bad_precision_lists_both_choices(program):
+  args = argparse.Namespace(
+      program=str(program), precision='fp32', accumulate=None, recompute=None,
+      model_dir=None, data_dir=None, trainer_args=['--tpu=local'])
+  with pytest.raises(validation.UsageError,
+                     match="--precision must be one of 'float32', 'bfloat16'"):
+    program_lib.plan(args)
 
 
 def test_ai_platform_says_shut_down_before_any_missing_flag(gcloud, capsys):

@@ -29,6 +29,7 @@ from estimator_bf16.apps import train_cli
 from estimator_bf16.apps import train_options
 from estimator_bf16.apps import training
 from estimator_bf16.models import head
+from estimator_bf16.precision import policy
 from tests import isolated_cache
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,6 +192,17 @@ class OptionsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn(flag, str(caught.exception))
     build.assert_not_called()
     make_estimator.assert_not_called()
+
+  def test_precision_is_parsed_once_and_lists_choices(self):
+    for name in eb.PRECISIONS:
+      options = train_options.prepare(_options(precision=name))
+      self.assertIsInstance(options.precision, policy.Precision)
+      self.assertEqual(options.precision, name)
+    with self.assertRaisesRegex(
+        train_options.OptionError,
+        "--precision: precision must be one of 'float32', 'bfloat16', got "
+        "'fp16'"):
+      train_options.prepare(_options(precision='fp16'))
 
   def test_defaults_come_from_the_registry(self):
     options = train_options.prepare(_options(model='bert'))

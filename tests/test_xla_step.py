@@ -22,6 +22,7 @@ from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.memory import plan_simulate
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.memory import xla_step
+from estimator_bf16.precision import policy
 from estimator_bf16.runner import xla_check
 from tensorflow.python.ops import control_flow_util
 from tests import test_accumulation as models
@@ -449,11 +450,17 @@ class LeversOfTest(tf.test.TestCase):
     with_fit = types.SimpleNamespace(
         plans=types.SimpleNamespace(chosen=chosen), precision='bfloat16',
         gradient_accumulation_steps=1, recompute=False)
-    self.assertEqual(xla_check.levers_of(with_fit), ('float32', 4, True))
-    plain = types.SimpleNamespace(plans={}, precision='bfloat16',
+    levers = xla_check.levers_of(with_fit)
+    self.assertEqual(levers, ('float32', 4, True))
+    # The fit names its choice as a string; the XLA build gets a Precision.
+    self.assertIsInstance(levers[0], policy.Precision)
+    run_precision = policy.parse_precision('bfloat16')
+    plain = types.SimpleNamespace(plans={}, precision=run_precision,
                                   gradient_accumulation_steps=2,
                                   recompute=False)
-    self.assertEqual(xla_check.levers_of(plain), ('bfloat16', 2, False))
+    levers = xla_check.levers_of(plain)
+    self.assertEqual(levers, ('bfloat16', 2, False))
+    self.assertIs(levers[0], run_precision)
 
 
 class BufferAssignmentTest(tf.test.TestCase):

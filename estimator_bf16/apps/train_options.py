@@ -13,7 +13,6 @@ from typing import Optional
 
 import tensorflow as tf
 
-import estimator_bf16 as eb
 from estimator_bf16.apps import registry
 from estimator_bf16.distribute import cluster
 from estimator_bf16.distribute import strategies
@@ -22,6 +21,7 @@ from estimator_bf16.levers import accumulation
 from estimator_bf16.models import bert
 from estimator_bf16.models import resnet
 from estimator_bf16.optimizers import registry as optimizers
+from estimator_bf16.precision import policy
 
 _MAX_SEQ_LENGTH = 512  # BERT's position table
 
@@ -45,7 +45,7 @@ class TrainOptions:
   # The run: which model, where its files go, in which precision.
   model: str
   model_dir: str
-  precision: str = 'float32'
+  precision: str = 'float32'  # a `Precision` once `prepare`d
   # Data, steps and checkpoints.
   data_dir: Optional[str] = None
   dataset: Optional[str] = None  # None: the real set if data_dir, else built-in
@@ -293,15 +293,20 @@ def prepare(options):
     options: a `TrainOptions`.
 
   Returns:
-    A `TrainOptions` with no unset model defaults.
+    A `TrainOptions` with no unset model defaults, its precision a
+    `Precision`.
 
   Raises:
     OptionError: naming the flag of the first bad option.
   """
   _check(options.model in registry.MODELS, '--model', 'must be one of %s, '
          'got %r.', ', '.join(registry.MODELS), options.model)
-  _check(options.precision in eb.PRECISIONS, '--precision', 'must be one of '
-         '%s, got %r.', ', '.join(eb.PRECISIONS), options.precision)
+  try:
+    # Parsed once: training, the estimator and the input_fns get the value.
+    options = dataclasses.replace(
+        options, precision=policy.parse_precision(options.precision))
+  except ValueError as e:
+    raise OptionError('--precision', str(e)) from e
   _check(options.model_dir, '--model_dir', 'is required (checkpoints, '
          'summaries and the export go there).')
   options = _resolve(options)

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_bf16.models import records
+from estimator_bf16.precision import policy
 
 # Per-channel RGB mean and standard deviation of ImageNet, on a 0..255 scale.
 _MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -26,12 +27,15 @@ _EVAL_CROP_PADDING = 32
 
 
 def _compute_dtype(params):
-  precision = params.get('precision', 'float32')
-  dtypes = {'float32': tf.float32, 'bfloat16': tf.bfloat16}
-  if precision not in dtypes:
-    raise ValueError("params['precision'] must be 'float32' or 'bfloat16', "
-                     'got %r.' % (precision,))
-  return dtypes[precision]
+  """The image dtype: params['precision']'s compute dtype (float32 if unset).
+
+  Raises:
+    ValueError: params['precision'] is no precision; the message lists them.
+  """
+  try:
+    return policy.compute_dtype(params.get('precision', 'float32'))
+  except ValueError as e:
+    raise ValueError("params['precision']: %s" % e) from e
 
 
 def _check_example(example, label_offset, num_classes, path, offset):

@@ -183,7 +183,7 @@ def _patched_init(original, tpu):
     if arguments.get('model_fn') is not None:
       arguments['model_fn'] = run.wrap_model_fn(
           arguments['model_fn'], _estimator_facts(arguments, tpu))
-    if run.precision != 'float32':
+    if run.precision.bfloat16:
       params = dict(arguments.get('params') or {})
       params['precision'] = run.precision
       arguments['params'] = params

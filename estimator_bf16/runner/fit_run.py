@@ -34,7 +34,8 @@ def run_with_fit(program, args=(), *, budget_bytes,
     program, args, audit, exclude, tf1, tf1_paths, kernels, seed: as for
       `runner.run_program`.
     budget_bytes: int, memory of one core (or of this CPU's process).
-    precisions: the precisions the fit may choose from.
+    precisions: the precisions the fit may choose from (names or
+      `Precision`s), parsed once here; the last is the planning run's.
     on_choice: called with the planning `RunResult` (its `.plans` is the
       `FitResult`) once an option is chosen, before training starts.
 
@@ -48,8 +49,13 @@ def run_with_fit(program, args=(), *, budget_bytes,
   Raises:
     runner.ProgramError: the program is missing, or an option is bad.
   """
+  try:
+    precisions = tuple(precision_lib.parse_precision(precision)
+                       for precision in precisions)
+  except ValueError as e:
+    raise runner.ProgramError('--precision: %s' % e)
   plan_fn = functools.partial(run_report.fit_plans, budget_bytes=budget_bytes,
-                              precisions=tuple(precisions), here=True)
+                              precisions=precisions, here=True)
   planning = runner.run_program(
       program, args, precision=precisions[-1], audit=audit, exclude=exclude,
       check=True, plan_fn=plan_fn, tf1=tf1, tf1_paths=tf1_paths,

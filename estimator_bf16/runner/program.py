@@ -43,10 +43,10 @@ import os
 
 import tensorflow as tf
 
-import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.levers import apply as levers_lib
 from estimator_bf16.platform import quiet
+from estimator_bf16.precision import policy as precision_lib
 from estimator_bf16.safety import audit as audit_lib
 from estimator_bf16.runner import estimator_patches
 from estimator_bf16.runner import execution
@@ -62,8 +62,9 @@ TrainGraph = results.TrainGraph
 def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
                    gradient_accumulation_steps=1, recompute=False,
                    kernels='auto'):
+  """Raises `ProgramError` on a bad option; returns the `Precision`."""
   try:
-    eb.compute_dtype(precision)
+    precision = precision_lib.parse_precision(precision)
   except ValueError as e:
     raise ProgramError('--precision: %s' % e)
   try:
@@ -91,6 +92,7 @@ def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
   if not os.path.isfile(program):
     raise ProgramError('%s is not a file: give the Python program to run.' %
                        program)
+  return precision
 
 
 def _first_line(text, limit=300):
@@ -108,7 +110,9 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
   Args:
     program: path of the Python program.
     args: its command-line arguments (what follows PROGRAM).
-    precision: 'bfloat16', or 'float32' to run it unchanged.
+    precision: 'bfloat16', or 'float32' to run it unchanged (or a
+      `Precision`). Parsed here, once: the run's estimators, patches,
+      `RunResult` and report get the `Precision`.
     audit: 'strict', 'warn' or 'off' (see `eb.wrap_model_fn`).
     exclude: feature keys never cast.
     memory: measure the allocator peak of a training step (needs
@@ -142,8 +146,9 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
   Raises:
     ProgramError: the program is missing, or an option is bad; nothing ran.
   """
-  _check_options(program, precision, audit, exclude, tf1, tf1_paths,
-                 gradient_accumulation_steps, recompute, kernels)
+  precision = _check_options(program, precision, audit, exclude, tf1,
+                             tf1_paths, gradient_accumulation_steps,
+                             recompute, kernels)
   if seed is not None and (isinstance(seed, bool) or
                            not isinstance(seed, int) or seed < 0):
     raise ProgramError('--seed must be an integer >= 0, got %r.' % (seed,))
@@ -151,8 +156,7 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
                      gradient_accumulation_steps=gradient_accumulation_steps,
                      recompute=recompute, kernels=kernels, memory=memory,
                      seed=seed)
-  run = run_state.ProgramRun(precision, audit, tuple(exclude), memory, check,
-                             result)
+  run = run_state.ProgramRun(audit, tuple(exclude), memory, check, result)
 
   def count_resolver(stand_in):
     del stand_in

@@ -18,7 +18,6 @@ from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import peak as peak_lib
 from estimator_bf16.platform import cpu_bfloat16
-from estimator_bf16.precision import policy as precision_lib
 from estimator_bf16.runner import xla_check
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
@@ -111,7 +110,7 @@ def _flop_lines(reports, precision):
   lines = ['bfloat16 share of matmul/conv FLOPs: %.1f%% of %.3g per step '
            '(TRAIN graph, forward and backward)' % (
                100 * report.bfloat16_flop_share, total)]
-  if (not precision_lib.parse_precision(precision).bfloat16 or not total or
+  if (not precision.bfloat16 or not total or
       not report.largest_float32_ops):
     return lines
   lines.append('float32 remainder: %.1f%% of those FLOPs; the largest:' %
@@ -130,8 +129,7 @@ def kernels_lines(result):
   Nothing for a run without a bfloat16 TRAIN graph, or with --kernels=bfloat16
   and nothing substituted.
   """
-  if (not result.reports or
-      not precision_lib.parse_precision(result.precision).bfloat16):
+  if not result.reports or not result.precision.bfloat16:
     return []
   substituted = result.reports[-1].cpu_substituted_ops
   kind = cpu_kernels.cpu_kind()

@@ -8,6 +8,8 @@ runs when the program or an option is bad. `run_report` prints them.
 import dataclasses
 from typing import Any, List, Optional
 
+from estimator_bf16.precision import policy as precision_lib
+
 
 class ProgramError(ValueError):
   """The program cannot be run at all (missing file, bad options)."""
@@ -52,7 +54,8 @@ class RunResult:
 
   Attributes:
     program: the program path as given.
-    precision: 'float32' or 'bfloat16'.
+    precision: the run's `Precision` (a name given here is parsed once,
+      on construction).
     exit_code: the program's exit code (0 when `check` stopped it at train).
     estimators: how many Estimators / TPUEstimators it constructed.
     reports: a `GraphReport` for each TRAIN graph built, in order.
@@ -98,7 +101,7 @@ class RunResult:
       [value, dtype name]} of its scalar results.
   """
   program: str
-  precision: str
+  precision: precision_lib.Precision
   exit_code: int = 0
   estimators: int = 0
   reports: list = dataclasses.field(default_factory=list)
@@ -127,6 +130,10 @@ class RunResult:
   memory: bool = False
   train_steps: list = dataclasses.field(default_factory=list)
   evaluations: list = dataclasses.field(default_factory=list)
+
+  def __post_init__(self):
+    # `run_program` hands over a `Precision`, kept as it is.
+    self.precision = precision_lib.parse_precision(self.precision)
 
   @property
   def problems(self):

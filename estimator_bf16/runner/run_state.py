@@ -50,7 +50,8 @@ class ProgramRun(object):
   """The options and bookkeeping of one program run.
 
   Attributes:
-    precision, audit, exclude, memory, check: the `run_program` options.
+    precision: the run's `Precision`, as `run_program` parsed it.
+    audit, exclude, memory, check: the `run_program` options.
     steps: gradient accumulation steps K (1: none).
     recompute: whether activations are recomputed in backprop.
     kernels: 'auto' or 'bfloat16' (`eb.wrap_model_fn`).
@@ -61,11 +62,12 @@ class ProgramRun(object):
       order.
   """
 
-  def __init__(self, precision, audit, exclude, memory, check, result):
+  def __init__(self, audit, exclude, memory, check, result):
+    # The levers, precision included, are the RunResult's: one value each.
+    self.precision = result.precision
     self.steps = result.gradient_accumulation_steps
     self.recompute = result.recompute
     self.kernels = result.kernels
-    self.precision = precision
     self.audit = audit
     self.exclude = exclude
     self.memory = memory

@@ -14,6 +14,7 @@ from typing import Optional
 import estimator_bf16 as eb
 from estimator_bf16.memory import xla_step
 from estimator_bf16.memory import fit as fit_lib
+from estimator_bf16.precision import policy as precision_lib
 
 # Steps per compiled loop. One step's buffers do not depend on how many
 # steps the loop runs; two show that a step follows a step on the device.
@@ -31,14 +32,15 @@ class XlaCheck:
     plan_error: why there is no plan, or None.
     iterations_per_loop: the program's own steps per device loop, or None.
     precision, gradient_accumulation_steps, recompute: the levers compiled
-      (the command's, or with `--fit` the chosen row's).
+      (the command's, or with `--fit` the chosen row's); precision is a
+      `Precision`.
   """
   step: xla_step.XlaStep
   batch_size: int
   planned_bytes: Optional[int]
   plan_error: Optional[str]
   iterations_per_loop: Optional[int]
-  precision: str = 'bfloat16'
+  precision: precision_lib.Precision = precision_lib.Precision('bfloat16')
   gradient_accumulation_steps: int = 1
   recompute: bool = False
 
@@ -59,11 +61,15 @@ def update_batch(train_graph, result):
 
 
 def levers_of(result):
-  """(precision, K, recompute) to compile: `--fit`'s choice, else the run's."""
+  """(precision, K, recompute) to compile: `--fit`'s choice, else the run's.
+
+  The precision is a `Precision`: the run's as it is, or the fit's option
+  (which names it as a string) parsed here, where it enters the runner.
+  """
   chosen = getattr(result.plans, 'chosen', None)
   if chosen is not None:
-    return (chosen.precision, chosen.gradient_accumulation_steps,
-            chosen.recompute)
+    return (precision_lib.parse_precision(chosen.precision),
+            chosen.gradient_accumulation_steps, chosen.recompute)
   return (result.precision, result.gradient_accumulation_steps,
           result.recompute)
 
@@ -146,7 +152,7 @@ def report_lines(result):
   elif check.plan_error:
     lines.append('  planned: not available (%s)' % check.plan_error)
   products = step.product_dtypes or {}
-  if check.precision == 'bfloat16' and sum(products.values()):
+  if check.precision.bfloat16 and sum(products.values()):
     in_bf16 = products.get('bf16', 0)
     lines.append(
         '  XLA computed %d of its %d matmuls and convolutions in bfloat16 '

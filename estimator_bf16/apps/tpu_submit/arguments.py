@@ -7,8 +7,10 @@ full story and argparse rejects what does not belong there.
 import argparse
 
 from estimator_bf16.apps.tpu_submit import ai_platform
+from estimator_bf16.apps.tpu_submit import program as program_lib
 from estimator_bf16.apps.tpu_submit import tpu_vm
 from estimator_bf16.apps.tpu_submit import vertex
+from estimator_bf16.precision import policy
 
 _EPILOG = ('Trainer arguments go after `--` and reach `python -m '
            'estimator_bf16.apps.train_cli` (or, with --program, your program) on the TPU host '
@@ -78,8 +80,10 @@ def _add_tpu_run(parser):
   program.add_argument('--program', metavar='PROGRAM.py',
                        help='the program to run in bfloat16 (instead of '
                        'estimator_bf16.apps.train_cli; then --model-dir is not used)')
-  program.add_argument('--precision', help='bfloat16 (default) or float32 '
-                       '(the program unchanged); only with --program')
+  program.add_argument(
+      '--precision', metavar='{%s}' % ','.join(policy.PRECISIONS),
+      help='%s (default); float32 runs the program unchanged; only with '
+      '--program' % program_lib.DEFAULT_PRECISION)
   program.add_argument('--accumulate', type=int, metavar='K',
                        help='gradient accumulation inside the TPU loop: each '
                        "update is K micro-batches of the program's "

@@ -18,8 +18,10 @@ import os
 
 from estimator_bf16.apps.tpu_submit import command_runner as runner_lib
 from estimator_bf16.apps.tpu_submit import validation
+from estimator_bf16.precision import policy
 
-PRECISIONS = ('bfloat16', 'float32')
+# What --program runs in without --precision: the point of the package.
+DEFAULT_PRECISION = 'bfloat16'
 # The folder travels with every run; data belongs in Cloud Storage.
 MAX_FOLDER_BYTES = 50 * 2**20
 _NO_TPU_ARGS = ('--use_tpu=false', '--use_tpu=False', '--use_tpu=0',
@@ -34,13 +36,13 @@ class Program:
     local_dir: absolute path of the program's folder, copied as a whole.
     remote_path: the program's path on the host, relative to the home
       directory (`FOLDER/main.py`).
-    precision: 'bfloat16' or 'float32', for `estimator_bf16 run`.
+    precision: the `Precision` for `estimator_bf16 run`.
     accumulate: K, micro-batches per update (1: none).
     recompute: recompute activations in backprop.
   """
   local_dir: str
   remote_path: str
-  precision: str
+  precision: policy.Precision
   accumulate: int = 1
   recompute: bool = False
 
@@ -104,10 +106,10 @@ def plan(args):
             '%s goes with --program; for estimator_bf16.apps.train_cli pass '
             'its own flags after --.' % flag)
     return None
-  precision = args.precision or 'bfloat16'
-  if precision not in PRECISIONS:
-    raise validation.UsageError('--precision=%s: use one of %s.' % (
-        precision, ', '.join(PRECISIONS)))
+  try:
+    precision = policy.parse_precision(args.precision or DEFAULT_PRECISION)
+  except ValueError as e:
+    raise validation.UsageError('--%s' % e)
   if accumulate is not None and accumulate < 1:
     raise validation.UsageError('--accumulate=%d: K is the number of '
                                 'micro-batches per update, an integer >= 1.'
