@@ -13,6 +13,7 @@ import shutil
 
 from estimator_bf16.apps import precision_comparison
 from estimator_bf16.apps import training
+from estimator_bf16.precision import policy
 
 # The synthetic marker task: short sequences and a larger batch and rate
 # than the CLI's smoke defaults, so a small BERT learns it within a few
@@ -68,7 +69,7 @@ def convergence_runs(out_dir, *, mnist_steps, bert_steps, bert_preset):
            ('bert_%s_synthetic' % bert_preset, 'bert', bert_steps))
   for task, model, steps in tasks:
     runs = {}
-    for precision in ('float32', 'bfloat16'):
+    for precision in policy.PRECISIONS:
       model_dir = os.path.join(out_dir, 'convergence', task, precision)
       runs[precision] = _one_run(
           _options(model, precision, model_dir, steps, bert_preset),

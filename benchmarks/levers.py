@@ -18,6 +18,7 @@ from benchmarks import graphs
 from benchmarks import planning
 from benchmarks import step_memory
 from benchmarks import throughput
+from estimator_bf16.precision import policy
 
 _PRECISION = 'bfloat16'
 
@@ -160,7 +161,7 @@ def plan_accuracy(spec, batch_size, steps, cpu_upcast):
     'relative_error' (planned / measured - 1).
   """
   rows = []
-  for precision in ('float32', 'bfloat16'):
+  for precision in policy.PRECISIONS:
     for name, k, recompute in LEVER_COMBINATIONS:
       k = k or steps
       measured = step_memory.measure_step_memory(graphs.build_train_step(

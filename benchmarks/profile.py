@@ -29,8 +29,9 @@ import tensorflow as tf
 from benchmarks import configs
 from benchmarks import graphs
 from estimator_bf16.precision import op_lists
+from estimator_bf16.precision import policy
 
-VARIANTS = ('float32', 'bfloat16', configs.REWRITE)
+VARIANTS = policy.PRECISIONS + (configs.REWRITE,)
 _OP_TYPE = re.compile(r'= (\w+)\(')
 # A cast of one of these (through READ_THROUGH_OPS) casts a weight.
 _WEIGHT_SOURCES = op_lists.VARIABLE_OPS | {op_lists.READ_VARIABLE_OP}
@@ -152,7 +153,7 @@ def _breakdown(metadata):
 def profile_model(spec):
   """`profile_step` of every variant of `spec`; the float32 graph twice."""
   steps = {p: graphs.build_train_step(spec, p, spec.batch_size)
-           for p in ('float32', 'bfloat16')}
+           for p in policy.PRECISIONS}
   results = {}
   for variant in VARIANTS:
     step = steps['float32' if variant == configs.REWRITE else variant]

@@ -11,6 +11,7 @@ import os
 from benchmarks import kernel_table
 from benchmarks.configs import REWRITE
 from estimator_bf16.precision import op_lists
+from estimator_bf16.precision import policy
 
 MiB = 2.0**20
 
@@ -640,7 +641,7 @@ def plot_convergence(convergence, path):
   figure, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4),
                               dpi=100, squeeze=False)
   for axis, task in zip(axes[0], tasks):
-    for precision in ('float32', 'bfloat16'):
+    for precision in policy.PRECISIONS:
       curve = convergence[task][precision]['loss_curve']
       axis.plot(curve['steps'], curve['loss'], label=precision,
                 linewidth=1.2, alpha=0.85)

@@ -31,8 +31,9 @@ from benchmarks import step_memory
 from benchmarks import throughput
 from benchmarks import xla_levers
 from estimator_bf16.memory import xla_dump
+from estimator_bf16.precision import policy
 
-PRECISIONS = ('float32', 'bfloat16')
+PRECISIONS = policy.PRECISIONS
 # float32, ours, and TensorFlow's oneDNN bfloat16 rewrite of the float32
 # graph (the peer).
 VARIANTS = PRECISIONS + (REWRITE,)

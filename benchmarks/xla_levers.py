@@ -17,6 +17,7 @@ for the same graph (seen on small models); within one process it repeats.
 """
 
 from estimator_bf16.memory import xla_step
+from estimator_bf16.precision import policy
 from benchmarks import graphs
 from benchmarks import planning
 
@@ -67,7 +68,7 @@ def recompute_rows(spec, batch_size, precision='bfloat16', loop_steps=1):
   }
 
 
-def planner_rows(spec, batch_size, precisions=('float32', 'bfloat16'),
+def planner_rows(spec, batch_size, precisions=policy.PRECISIONS,
                  combinations=LEVER_COMBINATIONS):
   """The planner's step bytes beside XLA's, per lever combination.
 

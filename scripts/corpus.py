@@ -45,6 +45,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _REPO_ROOT)
 
+from estimator_bf16.precision import policy  # pylint: disable=g-import-not-at-top,wrong-import-position
 from scripts import corpus_recipes  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # What a passing bfloat16 run must reach (the issue's target).
@@ -399,7 +400,7 @@ def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log,
 def _row_from_dict(data):
   """A Row from its `dataclasses.asdict` form (`--json`)."""
   outcomes = {name: Outcome(**data[name]) for name in
-              ('float32', 'bfloat16', 'same_weights') if name in data}
+              policy.PRECISIONS + ('same_weights',) if name in data}
   fields = {k: v for k, v in data.items() if k not in outcomes}
   return Row(**fields, **outcomes)
 
@@ -439,7 +440,7 @@ def _run_in(scratch, row, recipe, tree, python, max_seconds, log):
     return [f for f in flags if _flag_name(f) in flags_known]
 
   cwd = os.path.dirname(program)
-  for precision in ('float32', 'bfloat16'):
+  for precision in policy.PRECISIONS:
     outcome = run_one(python, ['run', '--seed=%d' % _SEED,
                                '--precision=' + precision], program,
                       flags_for(precision), cwd, env,
