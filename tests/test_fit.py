@@ -14,6 +14,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.memory import fit
 from estimator_bf16.memory import planner
+from estimator_bf16.memory import slots
 from estimator_bf16.models import digits
 from estimator_bf16.platform import cpu_bfloat16
 from tests import legacy_model
@@ -227,6 +228,40 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
   def test_bad_batch(self, batch):
     with self.assertRaisesRegex(ValueError, 'batch_per_core'):
       fit.fit(_PLANS, batch, 600 * MiB)
+
+
+class SlotBytesTest(tf.test.TestCase):
+  """Optimizer slots counted from the variables' shapes (`memory.slots`)."""
+
+  _SHAPES = [('kernel', [3, 3, 8, 16]), ('bias', [16]), ('dense', [64, 10])]
+  _PARAMETERS = 3 * 3 * 8 * 16 + 16 + 64 * 10  # 1808
+
+  def test_slot_bytes_per_optimizer(self):
+    # Adam: m and v, float32, the size of every parameter.
+    self.assertEqual(slots.adam_slot_bytes(self._SHAPES),
+                     2 * 4 * self._PARAMETERS)
+    self.assertEqual(slots.slot_bytes('adam', self._SHAPES), 14464)
+    # Momentum: one velocity per parameter.
+    self.assertEqual(slots.momentum_slot_bytes(self._SHAPES),
+                     4 * self._PARAMETERS)
+    self.assertEqual(slots.slot_bytes('momentum', self._SHAPES), 7232)
+    # Adafactor: rows (shape without the last dim) + columns (without the
+    # second last) of each matrix; vectors keep their own size.
+    factored = (3 * 3 * 8 + 3 * 3 * 16) + 16 + (64 + 10)
+    self.assertEqual(slots.adafactor_slot_bytes(self._SHAPES), 4 * factored)
+    self.assertEqual(slots.slot_bytes('adafactor', self._SHAPES), 1224)
+    with self.assertRaisesRegex(ValueError, 'adam, momentum, adafactor'):
+      slots.slot_bytes('rmsprop', self._SHAPES)
+
+  def test_optimizer_plan_counts_the_accumulators_as_slots(self):
+    plan = _plan('bfloat16', 4)
+    adam = slots.optimizer_plan(plan, 'adam', self._SHAPES)
+    self.assertEqual((adam.optimizer, adam.slot_bytes), ('adam', 14464))
+    self.assertEqual(adam.lines, plan.lines)
+    accumulated = slots.optimizer_plan(
+        dataclasses.replace(plan, gradient_accumulation_steps=4),
+        'adafactor', self._SHAPES)
+    self.assertEqual(accumulated.slot_bytes, 1224 + 100 * MiB)
 
 
 class ChooseLeversTest(tf.test.TestCase):

@@ -9,7 +9,6 @@ core in each precision, with Adam and with Adafactor.
 
 import dataclasses
 
-import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -17,6 +16,7 @@ from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import peak as peak_lib
+from estimator_bf16.memory import slots as slots_lib
 from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.precision import policy as precision_lib
 from estimator_bf16.runner import xla_check
@@ -25,30 +25,6 @@ PLAN_OPTIMIZERS = ('adam', 'adafactor')
 BOARD_LINE = ('A v2-8 / v3-8 board has 8 cores; the global batch is 8x the '
               'per-core batch.')
 MiB = 2.0**20
-
-
-def adam_slot_bytes(variable_shapes):
-  """Adam keeps two float32 slots (m, v) the size of every parameter."""
-  return sum(2 * 4 * int(np.prod(shape)) for _, shape in variable_shapes)
-
-
-def adafactor_slot_bytes(variable_shapes):
-  """`eb.AdafactorOptimizer`'s default slots (beta1=0, factored), float32.
-
-  A variable of rank >= 2 keeps a row accumulator (its shape without the
-  last dimension) and a column one (without the second to last); vectors
-  and scalars keep one accumulator of their own size.
-  """
-  total = 0
-  for _, shape in variable_shapes:
-    if len(shape) >= 2:
-      total += int(np.prod(shape[:-1])) + int(np.prod(shape[:-2] + shape[-1:]))
-    else:
-      total += int(np.prod(shape))
-  return 4 * total
-
-
-_SLOT_BYTES = {'adam': adam_slot_bytes, 'adafactor': adafactor_slot_bytes}
 
 
 def memory_plans(train_graph, precisions=eb.PRECISIONS,
@@ -80,13 +56,9 @@ def memory_plans(train_graph, precisions=eb.PRECISIONS,
                           params=train_graph.params,
                           gradient_accumulation_steps=gradient_accumulation_steps,
                           recompute=recompute)
-    accumulators = (plan.parameter_bytes if gradient_accumulation_steps > 1
-                    else 0)
     for optimizer in optimizers:
-      plans[(precision, optimizer)] = dataclasses.replace(
-          plan, optimizer=optimizer,
-          slot_bytes=(_SLOT_BYTES[optimizer](train_graph.variable_shapes) +
-                      accumulators))
+      plans[(precision, optimizer)] = slots_lib.optimizer_plan(
+          plan, optimizer, train_graph.variable_shapes)
   return plans
 
 
