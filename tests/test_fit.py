@@ -14,8 +14,11 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.memory import fit
 from estimator_bf16.memory import planner
+from estimator_bf16.memory import slots
 from estimator_bf16.models import digits
 from estimator_bf16.platform import cpu_bfloat16
+from estimator_bf16.precision import policy
+from estimator_bf16.runner import fit_report
 from tests import legacy_model
 from tests import test_quiet
 from tests import test_runner
@@ -79,7 +82,8 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     result = fit.fit(_PLANS, 64, 1 * MiB)
     self.assertIsNone(result.chosen)
     self.assertFalse(any(o.fits for o in result.options))
-    lines = fit.model_parallel_lines(_PLANS[('bfloat16', True)], 1 * MiB)
+    lines = fit_report.model_parallel_lines(
+        fit.model_parallel(_PLANS[('bfloat16', True)], 1 * MiB))
     self.assertIn('num_cores_per_replica=2', '\n'.join(lines))
     self.assertIn('Adafactor', '\n'.join(lines))
     self.assertIn('input_partition_dims', '\n'.join(lines))
@@ -109,8 +113,10 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
                      {1})
     # Without accumulation the cheapest fit is recompute (364 MiB).
     self.assertTrue(result.chosen.recompute)
-    self.assertEqual(result.notes,
-                     ('No gradient accumulation: use_tpu=True.',))
+    self.assertFalse(result.accumulation)
+    self.assertEqual(result.accumulation_note, 'use_tpu=True')
+    self.assertEqual(fit_report.note_lines(result),
+                     ['No gradient accumulation: use_tpu=True.'])
 
   def test_a_recompute_that_cuts_nothing_is_no_option(self):
     plans = dict(_PLANS)
@@ -121,9 +127,10 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
                          if o.precision == 'bfloat16'))
     self.assertTrue(any(o.recompute for o in result.options
                         if o.precision == 'float32'))
-    self.assertEqual(result.notes, (
+    self.assertEqual(result.same_recompute, ('bfloat16',))
+    self.assertEqual(fit_report.note_lines(result), [
         'No recompute in bfloat16: the network has too few ops to cut into '
-        'segments, so it plans the same.',))
+        'segments, so it plans the same.'])
 
   def test_upcast_plans_the_cpu_copies(self):
     plan = _plan('bfloat16', 4)
@@ -137,7 +144,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_table_stops_each_group_at_its_first_fit(self):
     result = fit.fit(_PLANS, 64, 600 * MiB)
-    lines = fit.table_lines(result)
+    lines = fit_report.table_lines(result)
     rows = [line for line in lines if re.match(r'^\*?\s+(float32|bfloat16)',
                                                line)]
     # float32 without recompute: K=1 and 2 do not fit (656 MiB + 10% for
@@ -153,7 +160,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     # bfloat16 with recompute: K=1 plans 364 MiB; K=2 adds 100 MiB of
     # accumulators (432 MiB) and K=64 still 401: in 400 MiB only K=1 fits.
     result = fit.fit(_PLANS, 64, 400 * MiB, margin=0)
-    lines = fit.table_lines(result)
+    lines = fit_report.table_lines(result)
     rows = [l for l in lines if re.match(r'^\*?\s+bfloat16\s+\d+\s+\d+\s+on',
                                          l)]
     self.assertLen(rows, 7)
@@ -165,7 +172,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     plans = {('bfloat16', False): _plan('bfloat16', 950, 0, 0)}
     result = fit.fit(plans, 1, 1000 * MiB)
     self.assertIsNone(result.chosen)
-    lines = fit.over_budget_lines(result)
+    lines = fit_report.over_budget_lines(result)
     self.assertIn('Even one example per core needs 950.0 MiB with the '
                   'smallest plan, over the 1000.0 MiB budget less its 10% '
                   'margin (909.1 MiB).', lines)
@@ -175,19 +182,20 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     # 64 per core 364 MiB; in 350 MiB (318 with the margin) 18 fit.
     result = fit.fit(_PLANS, 64, 350 * MiB, accumulation_note='TPU')
     self.assertIsNone(result.chosen)
-    lines = fit.over_budget_lines(result)
+    lines = fit_report.over_budget_lines(result)
     self.assertIn('It is the batch of 64 per core that does not fit: at most '
                   '18 per core fits, with bfloat16 + recompute', lines[0])
     self.assertNotIn('num_cores_per_replica', '\n'.join(lines))
-    self.assertIn(('bfloat16 + recompute', 18), fit.largest_batches(result))
+    self.assertIn(('bfloat16 + recompute', 18),
+                  fit_report.largest_batch_items(result))
     # 100 MiB: not even the weights fit; model parallelism is named.
     tiny = fit.fit(_PLANS, 64, 100 * MiB)
     self.assertIn('num_cores_per_replica=2',
-                  '\n'.join(fit.over_budget_lines(tiny)))
+                  '\n'.join(fit_report.over_budget_lines(tiny)))
 
   def test_largest_batches_with_accumulation(self):
     result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
-    rows = dict(fit.largest_batches(result))
+    rows = dict(fit_report.largest_batch_items(result))
     # bfloat16: (600 - 300) / 4 = 75; with the 100 MiB of accumulators, 50
     # per micro-batch.
     self.assertEqual(rows['bfloat16'], 75)
@@ -196,13 +204,13 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_report_names_the_choice(self):
     result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
-    report = fit.report_dict(result)
+    report = fit_report.report_dict(result)
     self.assertEqual(report['levers'], {'precision': 'bfloat16',
                                         'gradient_accumulation_steps': 1,
                                         'recompute': False})
     self.assertEqual(report['planned_peak_bytes'], (300 + 256) * MiB)
     self.assertEqual(report['budget_bytes'], 600 * MiB)
-    marked = [line for line in fit.table_lines(result)
+    marked = [line for line in fit_report.table_lines(result)
               if line.startswith('*')]
     self.assertLen(marked, 1)
 
@@ -227,6 +235,130 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
   def test_bad_batch(self, batch):
     with self.assertRaisesRegex(ValueError, 'batch_per_core'):
       fit.fit(_PLANS, batch, 600 * MiB)
+
+
+class SlotBytesTest(tf.test.TestCase):
+  """Optimizer slots counted from the variables' shapes (`memory.slots`)."""
+
+  _SHAPES = [('kernel', [3, 3, 8, 16]), ('bias', [16]), ('dense', [64, 10])]
+  _PARAMETERS = 3 * 3 * 8 * 16 + 16 + 64 * 10  # 1808
+
+  def test_slot_bytes_per_optimizer(self):
+    # Adam: m and v, float32, the size of every parameter.
+    self.assertEqual(slots.adam_slot_bytes(self._SHAPES),
+                     2 * 4 * self._PARAMETERS)
+    self.assertEqual(slots.slot_bytes('adam', self._SHAPES), 14464)
+    # Momentum: one velocity per parameter.
+    self.assertEqual(slots.momentum_slot_bytes(self._SHAPES),
+                     4 * self._PARAMETERS)
+    self.assertEqual(slots.slot_bytes('momentum', self._SHAPES), 7232)
+    # Adafactor: rows (shape without the last dim) + columns (without the
+    # second last) of each matrix; vectors keep their own size.
+    factored = (3 * 3 * 8 + 3 * 3 * 16) + 16 + (64 + 10)
+    self.assertEqual(slots.adafactor_slot_bytes(self._SHAPES), 4 * factored)
+    self.assertEqual(slots.slot_bytes('adafactor', self._SHAPES), 1224)
+    with self.assertRaisesRegex(ValueError, 'adam, momentum, adafactor'):
+      slots.slot_bytes('rmsprop', self._SHAPES)
+
+  def test_optimizer_plan_counts_the_accumulators_as_slots(self):
+    plan = _plan('bfloat16', 4)
+    adam = slots.optimizer_plan(plan, 'adam', self._SHAPES)
+    self.assertEqual((adam.optimizer, adam.slot_bytes), ('adam', 14464))
+    self.assertEqual(adam.lines, plan.lines)
+    accumulated = slots.optimizer_plan(
+        dataclasses.replace(plan, gradient_accumulation_steps=4),
+        'adafactor', self._SHAPES)
+    self.assertEqual(accumulated.slot_bytes, 1224 + 100 * MiB)
+
+
+class FitOrderTest(tf.test.TestCase):
+  """The one order of plans and options, and the data the text is made of."""
+
+  def test_plans_are_ordered_by_precision_then_lever(self):
+    keys = [('bfloat16', True), ('float32', True), ('bfloat16', False),
+            ('float32', False)]
+    self.assertEqual(sorted(keys, key=fit.plan_order), [
+        ('float32', False), ('float32', True), ('bfloat16', False),
+        ('bfloat16', True)])
+    plans = {('bfloat16', 'adam'): 1, ('float32', 'adam'): 2,
+             ('float32', 'adafactor'): 3}
+    self.assertEqual([key for key, _ in fit.sorted_plans(plans)], [
+        ('float32', 'adafactor'), ('float32', 'adam'), ('bfloat16', 'adam')])
+    with self.assertRaisesRegex(ValueError, 'precision'):
+      fit.plan_order(('float16', False))
+
+  def test_options_are_in_table_order(self):
+    # Given in another order, planned in plan order, K ascending.
+    plans = dict(reversed(list(_PLANS.items())))
+    result = fit.fit(plans, 4, 1024 * MiB)
+    self.assertEqual(
+        [(o.precision, o.recompute, o.gradient_accumulation_steps)
+         for o in result.options],
+        [('float32', False, 1), ('float32', False, 2), ('float32', False, 4),
+         ('float32', True, 1), ('float32', True, 2), ('float32', True, 4),
+         ('bfloat16', False, 1), ('bfloat16', False, 2),
+         ('bfloat16', False, 4), ('bfloat16', True, 1),
+         ('bfloat16', True, 2), ('bfloat16', True, 4)])
+    self.assertIsInstance(result.options[0].precision, policy.Precision)
+    self.assertEqual([o.cost for o in result.options[::3]],
+                     [1.7, 1.7 * 1.2, 1.0, 1.2])
+
+  def test_choice_key_ranks_cost_then_fewest_levers(self):
+    result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
+    ranked = sorted((o for o in result.options if o.fits),
+                    key=fit.choice_key)
+    self.assertEqual(ranked[0], result.chosen)
+    self.assertEqual(
+        [(o.precision, o.gradient_accumulation_steps, o.recompute)
+         for o in ranked[:8]],
+        [('bfloat16', 1, False), ('bfloat16', 2, False),
+         ('bfloat16', 4, False), ('bfloat16', 8, False),
+         ('bfloat16', 16, False), ('bfloat16', 32, False),
+         ('bfloat16', 64, False), ('bfloat16', 1, True)])
+    self.assertEqual(ranked[-1].precision, 'float32')
+
+  def test_table_groups(self):
+    groups = fit.table_groups(fit.fit(_PLANS, 64, 600 * MiB))
+    self.assertLen(groups, 4)
+    self.assertEqual(
+        [o.gradient_accumulation_steps for o in groups[0].shown], [1, 2, 4])
+    self.assertEqual(
+        [o.gradient_accumulation_steps for o in groups[0].also_fit],
+        [8, 16, 32, 64])
+    # In 400 MiB only K=1 of bfloat16 with recompute fits: every row shown.
+    tight = fit.table_groups(fit.fit(_PLANS, 64, 400 * MiB, margin=0))
+    self.assertLen(tight[3].shown, 7)
+    self.assertEqual(tight[3].also_fit, ())
+
+  def test_largest_batches_and_smallest_option(self):
+    result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
+    rows = fit.largest_batches(result)
+    self.assertEqual(rows[:2], [
+        fit.LargestBatch('float32', False, False, 37),
+        fit.LargestBatch('float32', False, True, 25)])
+    self.assertIn(fit.LargestBatch('bfloat16', False, True, 50), rows)
+    self.assertLen(rows, 8)
+    smallest = fit.smallest_option(fit.fit(_PLANS, 64, 1 * MiB))
+    self.assertEqual((smallest.precision, smallest.gradient_accumulation_steps,
+                      smallest.recompute, smallest.planned_bytes),
+                     ('bfloat16', 1, True, 364 * MiB))
+
+  def test_over_budget(self):
+    advice = fit.over_budget(
+        fit.fit(_PLANS, 64, 350 * MiB, accumulation_note='TPU'))
+    self.assertEqual(advice, fit.BatchOverBudget(
+        batch_per_core=64, largest_batch=18, precision='bfloat16',
+        recompute=True))
+    advice = fit.over_budget(fit.fit(_PLANS, 64, 100 * MiB))
+    self.assertIsInstance(advice, fit.ModelParallel)
+    # bfloat16 with recompute: 300 MiB persistent + 1 MiB an example.
+    self.assertEqual(advice.one_example_bytes, 301 * MiB)
+    self.assertEqual(advice.per_core_bytes, ((2, 150.5 * MiB),
+                                             (4, 75.25 * MiB),
+                                             (8, 37.625 * MiB)))
+    self.assertTrue(advice.state_over_budget)
+    self.assertAlmostEqual(advice.room_bytes, 100 * MiB / 1.1)
+    self.assertFalse(advice.image_input)
 
 
 class ChooseLeversTest(tf.test.TestCase):

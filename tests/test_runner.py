@@ -940,16 +940,5 @@ class ShownPathTest(tf.test.TestCase):
       os.chdir(cwd)
 
 
-class PlanTest(tf.test.TestCase):
-
-  def test_slot_bytes_per_optimizer(self):
-    shapes = [('kernel', [3, 3, 8, 16]), ('bias', [16]), ('dense', [64, 10])]
-    params = 3 * 3 * 8 * 16 + 16 + 64 * 10
-    self.assertEqual(run_report.adam_slot_bytes(shapes), 2 * 4 * params)
-    # Rows (shape without the last dim) + columns (without the second last).
-    factored = (3 * 3 * 8 + 3 * 3 * 16) + 16 + (64 + 10)
-    self.assertEqual(run_report.adafactor_slot_bytes(shapes), 4 * factored)
-
-
 if __name__ == '__main__':
   tf.test.main()

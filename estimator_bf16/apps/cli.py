@@ -29,6 +29,7 @@ from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.platform import quiet
 from estimator_bf16.platform import tpu
 from estimator_bf16.precision import policy
+from estimator_bf16.runner import fit_report
 from estimator_bf16.runner import fit_run
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report
@@ -357,9 +358,9 @@ def _run_fit(args, budget, precisions, exclude):
   """`run --fit`: plan, print the table, train with the choice, report."""
 
   def announce(planning):
-    lines = [''] + run_report.fit_lines(planning.plans)
+    lines = [''] + fit_report.fit_lines(planning.plans)
     lines.append('estimator_bf16 run --fit: running %s with %s' % (
-        args.program, planning.plans.chosen.describe()))
+        args.program, fit_report.describe(planning.plans.chosen)))
     print('\n'.join(lines), file=sys.stderr, flush=True)
 
   try:

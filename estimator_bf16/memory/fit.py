@@ -10,8 +10,12 @@ of the program's own training step: the precision, gradient accumulation K
 over the divisors of the per-core batch (micro-batches stay whole), and
 recompute on or off. Each combination gets its planned peak per core and an
 estimated step time relative to plain bfloat16 (`COSTS`), and the cheapest
-one within the budget is chosen. Adafactor is advice only: it changes the
-user's optimizer.
+one within the budget is chosen (`choice_key`). Adafactor is advice only:
+it changes the user's optimizer.
+
+This module computes: plans, options, the choice and the numbers behind
+the advice, as dataclasses. The text `check --fit` prints and the 'fit'
+entry of `--report` are made from them in `runner/fit_report.py`.
 """
 
 import dataclasses
@@ -87,7 +91,7 @@ class Option:
   """One combination of levers for the program's per-core batch.
 
   Attributes:
-    precision: 'float32' or 'bfloat16'.
+    precision: a `Precision`.
     gradient_accumulation_steps: K.
     recompute: bool.
     micro_batch: examples per micro-step per core (batch / K).
@@ -95,7 +99,7 @@ class Option:
     cost: estimated time per example relative to plain bfloat16 (`COSTS`).
     fits: planned_bytes plus the fit's margin is within the budget.
   """
-  precision: str
+  precision: precision_lib.Precision
   gradient_accumulation_steps: int
   recompute: bool
   micro_batch: int
@@ -110,15 +114,6 @@ class Option:
             'gradient_accumulation_steps': self.gradient_accumulation_steps,
             'recompute': self.recompute}
 
-  def describe(self):
-    parts = [self.precision]
-    if self.gradient_accumulation_steps > 1:
-      parts.append('accumulate %d x %d' % (self.gradient_accumulation_steps,
-                                           self.micro_batch))
-    if self.recompute:
-      parts.append('recompute')
-    return ' + '.join(parts)
-
 
 @dataclasses.dataclass(frozen=True)
 class FitResult:
@@ -127,14 +122,16 @@ class FitResult:
   Attributes:
     batch_per_core: the batch of one update per core.
     budget_bytes: the memory of one core.
-    options: every `Option`, in table order.
-    chosen: the cheapest fitting option, or None if nothing fits.
+    options: every `Option`, in table order (`plan_order`, then K).
+    chosen: the cheapest fitting option (`choice_key`), or None if nothing
+      fits.
     plans: the {(precision, recompute): MemoryPlan} planned from.
     margin: the share of the plan added before comparing with the budget.
     upcast: whether the plans count a CPU's float32 copies for bfloat16
       matmuls (`MemoryPlan.step_bytes`).
-    notes: one line for each lever left out, saying why.
-    accumulation: whether accumulation was planned.
+    accumulation_note: None, or why gradient accumulation was left out.
+    same_recompute: the precisions whose recompute plan cut nothing, so
+      recompute was left out in them.
     image_input: the model reads images (spatial partitioning applies).
   """
   batch_per_core: int
@@ -144,9 +141,14 @@ class FitResult:
   plans: Optional[dict] = None
   margin: float = PLAN_MARGIN
   upcast: bool = False
-  notes: Tuple[str, ...] = ()
-  accumulation: bool = True
+  accumulation_note: Optional[str] = None
+  same_recompute: Tuple[str, ...] = ()
   image_input: bool = False
+
+  @property
+  def accumulation(self):
+    """Whether accumulation was planned."""
+    return self.accumulation_note is None
 
   @property
   def room_bytes(self):
@@ -154,18 +156,49 @@ class FitResult:
     return self.budget_bytes / (1.0 + self.margin)
 
 
+def plan_order(key):
+  """The sort key of a plan's key, (precision, recompute or optimizer).
+
+  Precisions in `PRECISIONS` order (float32 first), then the second part
+  (recompute off before on; optimizers by name). The fit's options, its
+  largest batches and `check`'s plan table all list plans in this order.
+  """
+  precision, second = key
+  return (precision_lib.PRECISIONS.index(
+      precision_lib.parse_precision(precision)), second)
+
+
+def sorted_plans(plans):
+  """`plans.items()` ({(precision, x): plan}) in `plan_order`."""
+  return sorted(plans.items(), key=lambda item: plan_order(item[0]))
+
+
+def choice_key(option):
+  """How the fitting options rank; the choice is the lowest.
+
+  The lowest cost; among equal costs, the fewest levers (no accumulation
+  before accumulation, no recompute before recompute), then the largest
+  micro-batch (fewest micro-steps), then the lowest peak.
+  """
+  return (option.cost, option.gradient_accumulation_steps > 1,
+          option.recompute, option.gradient_accumulation_steps,
+          option.planned_bytes)
+
+
 def divisors(batch):
   """K values that keep the micro-batch whole: the divisors of `batch`."""
   return [k for k in range(1, batch + 1) if batch % k == 0]
 
 
-def _cost(precision, steps, recompute):
-  cost = COSTS['float32'] if precision == 'float32' else 1.0
+def cost(precision, steps, recompute):
+  """Estimated time per example relative to plain bfloat16 (`COSTS`)."""
+  value = (1.0 if precision_lib.parse_precision(precision).bfloat16
+           else COSTS['float32'])
   if recompute:
-    cost *= COSTS['recompute']
+    value *= COSTS['recompute']
   if steps > 1:
-    cost *= COSTS['accumulation']
-  return cost
+    value *= COSTS['accumulation']
+  return value
 
 
 def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
@@ -187,13 +220,11 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
       applied (this says why): only K = 1 is planned.
 
   Returns:
-    A `FitResult`. The choice is the lowest cost that fits; among equal
-    costs, the fewest levers (no accumulation before accumulation), then
-    the largest micro-batch (fewest micro-steps), then the lowest peak.
+    A `FitResult`. The choice is the fitting option lowest in `choice_key`.
 
   Raises:
-    ValueError: a batch or budget that is not a positive integer, or a
-      negative margin.
+    ValueError: a batch or budget that is not a positive integer, a
+      negative margin, or a plan key whose precision is not one.
   """
   for name, value in (('batch_per_core', batch_per_core),
                       ('budget_bytes', budget_bytes)):
@@ -205,11 +236,11 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
     raise ValueError('margin must be a number >= 0, got %r.' % (margin,))
   all_steps = ([1] if accumulation_note is not None
                else divisors(batch_per_core))
-  notes = []
-  if accumulation_note is not None:
-    notes.append('No gradient accumulation: %s.' % accumulation_note)
-  plans = dict(plans)
-  for precision in precision_lib.PRECISIONS:
+  plans = {(precision_lib.parse_precision(precision), recompute): plan
+           for (precision, recompute), plan in plans.items()}
+  same_recompute = []
+  for precision in map(precision_lib.parse_precision,
+                       precision_lib.PRECISIONS):
     plain, recomputed = plans.get((precision, False)), plans.get(
         (precision, True))
     if plain is not None and recomputed is not None and (
@@ -218,12 +249,9 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
       # Nothing was cut (too few ops on the path): the same step at a
       # higher cost is no option.
       del plans[(precision, True)]
-      notes.append('No recompute in %s: the network has too few ops to cut '
-                   'into segments, so it plans the same.' % precision)
+      same_recompute.append(precision)
   options = []
-  for (precision, recompute), plan in sorted(
-      plans.items(), key=lambda item: (
-          precision_lib.PRECISIONS.index(item[0][0]), item[0][1])):
+  for (precision, recompute), plan in sorted_plans(plans):
     for steps in all_steps:
       micro = batch_per_core // steps
       planned = plan.step_bytes(micro, upcast=upcast)
@@ -232,16 +260,15 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
       options.append(Option(
           precision=precision, gradient_accumulation_steps=steps,
           recompute=recompute, micro_batch=micro, planned_bytes=planned,
-          cost=_cost(precision, steps, recompute),
+          cost=cost(precision, steps, recompute),
           fits=planned * (1.0 + margin) <= budget_bytes))
   fitting = [o for o in options if o.fits]
-  chosen = min(fitting, key=lambda o: (
-      o.cost, o.gradient_accumulation_steps > 1, o.recompute,
-      o.gradient_accumulation_steps, o.planned_bytes)) if fitting else None
+  chosen = min(fitting, key=choice_key) if fitting else None
   return FitResult(batch_per_core=batch_per_core, budget_bytes=budget_bytes,
-                   options=tuple(options), chosen=chosen, plans=dict(plans),
-                   margin=float(margin), upcast=upcast, notes=tuple(notes),
-                   accumulation=accumulation_note is None)
+                   options=tuple(options), chosen=chosen, plans=plans,
+                   margin=float(margin), upcast=upcast,
+                   accumulation_note=accumulation_note,
+                   same_recompute=tuple(same_recompute))
 
 
 def lever_plans(model_fn, *, features, labels, params=None,
@@ -269,7 +296,7 @@ def choose_levers(model_fn, *, features, labels, batch_per_core,
 
   For programs that decide in code: plans the model_fn's own step
   (`lever_plans`) and returns `fit`'s `FitResult`; `.chosen` is None when
-  nothing fits (then see `model_parallel_lines`).
+  nothing fits (then `over_budget` says what would).
 
   Args:
     model_fn: a legacy model_fn (its own optimizer).
@@ -284,6 +311,57 @@ def choose_levers(model_fn, *, features, labels, batch_per_core,
   return fit(plans, batch_per_core, budget_bytes, margin=margin)
 
 
+@dataclasses.dataclass(frozen=True)
+class TableGroup:
+  """The options of one precision and recompute setting, as tabled.
+
+  Within one group, from K = 2 on a larger K only lowers the peak at the
+  same cost (K = 2 adds the accumulators, so it may plan above K = 1): the
+  rows stop at the first K that fits when every larger K fits too.
+
+  Attributes:
+    shown: the options with a row of their own, K ascending.
+    also_fit: the larger K after the last shown row, every one fitting
+      (one summary line), or () when the rows did not stop early.
+  """
+  shown: Tuple[Option, ...]
+  also_fit: Tuple[Option, ...] = ()
+
+
+def table_groups(result):
+  """`result.options` grouped for the table: a list of `TableGroup`."""
+  groups = {}
+  for option in result.options:
+    groups.setdefault((option.precision, option.recompute), []).append(option)
+  tabled = []
+  for group in groups.values():
+    shown, also_fit = tuple(group), ()
+    for index, option in enumerate(group):
+      rest = group[index + 1:]
+      if option.fits and rest and all(o.fits for o in rest):
+        shown, also_fit = tuple(group[:index + 1]), tuple(rest)
+        break
+    tabled.append(TableGroup(shown=shown, also_fit=also_fit))
+  return tabled
+
+
+@dataclasses.dataclass(frozen=True)
+class LargestBatch:
+  """The largest batch per core in the budget under some levers.
+
+  Attributes:
+    precision, recompute: the levers.
+    accumulation: whether `batch` is a micro-batch next to the accumulators
+      (any K); else the batch at K = 1.
+    batch: examples per core (per micro-step with accumulation); 0 when
+      not even one fits.
+  """
+  precision: precision_lib.Precision
+  recompute: bool
+  accumulation: bool
+  batch: int
+
+
 def largest_batches(result):
   """The largest batch per core in the budget under each lever combination.
 
@@ -291,139 +369,125 @@ def largest_batches(result):
     result: a `FitResult`.
 
   Returns:
-    list of (description, batch) in table order: each precision with and
-    without recompute at K = 1 and, where accumulation is planned, the
-    largest micro-batch next to the accumulators ('K x N': any K). 0 when
-    not even one example fits. The budget is less the margin, as in `fit`.
+    list of `LargestBatch` in `plan_order`: each precision with and without
+    recompute at K = 1 and, where accumulation is planned, the largest
+    micro-batch next to the accumulators. The budget is less the margin,
+    as in `fit`.
   """
   room = int(result.room_bytes)
   rows = []
-  for (precision, recompute), plan in sorted(
-      result.plans.items(), key=lambda item: (
-          precision_lib.PRECISIONS.index(item[0][0]), item[0][1])):
-    name = precision + (' + recompute' if recompute else '')
-    rows.append((name, plan.max_batch(room, upcast=result.upcast)))
+  for (precision, recompute), plan in sorted_plans(result.plans):
+    rows.append(LargestBatch(precision, recompute, False,
+                             plan.max_batch(room, upcast=result.upcast)))
     if not result.accumulation:
       continue
-    micro = plan.max_batch(room - plan.parameter_bytes, upcast=result.upcast)
-    rows.append((name + ' + accumulation', 'K x %d' % micro if micro else 0))
+    rows.append(LargestBatch(
+        precision, recompute, True,
+        plan.max_batch(room - plan.parameter_bytes, upcast=result.upcast)))
   return rows
 
 
-def over_budget_lines(result):
-  """Why nothing fits, and what would: a smaller batch or more cores.
+def smallest_option(result):
+  """The option of `result` with the lowest planned peak."""
+  return min(result.options, key=lambda o: o.planned_bytes)
 
-  Args:
-    result: a `FitResult` whose `chosen` is None.
 
-  Returns:
-    list of str.
+@dataclasses.dataclass(frozen=True)
+class BatchOverBudget:
+  """One example per core fits, the batch does not.
+
+  Attributes:
+    batch_per_core: the batch that does not fit.
+    largest_batch: the most examples per core that fit, with the levers
+      below (the most of any plan).
+    precision, recompute: the levers of `largest_batch`.
   """
-  room = result.room_bytes
-  smallest = min(result.plans.values(),
-                 key=lambda p: p.step_bytes(1, upcast=result.upcast))
-  if smallest.step_bytes(1, upcast=result.upcast) <= room:
-    best = max(((p.max_batch(int(room), upcast=result.upcast), key)
-                for key, p in result.plans.items()))
-    return ['It is the batch of %d per core that does not fit: at most %d '
-            'per core fits, with %s%s. On a TPU, TPUEstimator gives each '
-            'core train_batch_size / cores, so more cores (a larger slice) '
-            'take the same global batch.' % (
-                result.batch_per_core, best[0], best[1][0],
-                ' + recompute' if best[1][1] else '')]
-  return model_parallel_lines(smallest, result.budget_bytes,
-                              image_input=result.image_input,
-                              margin=result.margin, upcast=result.upcast)
+  batch_per_core: int
+  largest_batch: int
+  precision: precision_lib.Precision
+  recompute: bool
 
 
-def model_parallel_lines(plan, budget_bytes, cores=(2, 4, 8),
-                         image_input=True, margin=0.0, upcast=False):
-  """Advice when even one example per core does not fit.
+@dataclasses.dataclass(frozen=True)
+class ModelParallel:
+  """Even one example per core does not fit: a split over cores.
 
   The model of the split: with `num_cores_per_replica=N` each core holds
   1/N of the weights, optimizer state and activations (layers or tensors
   split evenly) and the batch-independent transient part; that is the best
   case, which real partitionings approach for large layers.
 
+  Attributes:
+    one_example_bytes: the smallest plan's step at one example.
+    budget_bytes, margin: the budget and the share of a plan kept free.
+    persistent_bytes, slot_bytes: the smallest plan's weights and state,
+      and its optimizer slots.
+    per_core_bytes: ((cores per replica, bytes per core at one example),
+      ...).
+    image_input: spatial partitioning applies too.
+  """
+  one_example_bytes: float
+  budget_bytes: int
+  margin: float
+  persistent_bytes: int
+  slot_bytes: int
+  per_core_bytes: Tuple[Tuple[int, float], ...]
+  image_input: bool
+
+  @property
+  def room_bytes(self):
+    """The budget less the margin."""
+    return self.budget_bytes / (1.0 + self.margin)
+
+  @property
+  def state_over_budget(self):
+    """The weights and optimizer state alone do not fit."""
+    return self.persistent_bytes > self.room_bytes
+
+
+def model_parallel(plan, budget_bytes, cores=(2, 4, 8), image_input=True,
+                   margin=0.0, upcast=False):
+  """What a split over cores gives when one example per core does not fit.
+
   Args:
     plan: the smallest `MemoryPlan` (usually bfloat16 with recompute).
     budget_bytes: memory of one core.
     cores: cores per replica to plan.
-    image_input: also name spatial partitioning (image models only).
+    image_input: the model reads images (spatial partitioning applies).
     margin, upcast: as for `fit`: the plan is compared with the budget
       less the margin, and counts a CPU's float32 copies with `upcast`.
 
   Returns:
-    list of str.
+    A `ModelParallel`.
   """
   one = plan.step_bytes(1, upcast=upcast)
-  room = budget_bytes / (1.0 + margin)
-  lines = ['Even one example per core needs %.1f MiB with the smallest '
-           'plan, over the %.1f MiB budget%s.' % (
-               one / MiB, budget_bytes / MiB,
-               ' less its %d%% margin (%.1f MiB)' % (round(100 * margin),
-                                                     room / MiB)
-               if margin else '')]
-  if plan.persistent_bytes > room:
-    lines.append('The weights and optimizer state alone take %.0f MiB '
-                 '(slots %.0f MiB): Adafactor keeps rows + columns per '
-                 'matrix instead of two full copies.' %
-                 (plan.persistent_bytes / MiB, plan.slot_bytes / MiB))
-  for count in cores:
-    lines.append('num_cores_per_replica=%d (with computation_shape): about '
-                 '%.1f MiB per core at one example.' % (count,
-                                                        one / count / MiB))
-  if image_input:
-    lines.append('Images can also be split over cores: input_partition_dims '
-                 '(spatial partitioning).')
-  return lines
+  return ModelParallel(
+      one_example_bytes=one, budget_bytes=budget_bytes, margin=margin,
+      persistent_bytes=plan.persistent_bytes, slot_bytes=plan.slot_bytes,
+      per_core_bytes=tuple((count, one / count) for count in cores),
+      image_input=image_input)
 
 
-def table_lines(result):
-  """The options as a text table, the chosen one marked with '*'.
+def over_budget(result):
+  """Why nothing fits, and what would: a smaller batch or more cores.
 
-  Within one precision and recompute setting, from K = 2 on a larger K
-  only lowers the peak at the same cost (K = 2 adds the accumulators, so
-  it may plan above K = 1). The rows stop at the first K that fits when
-  every larger K fits too; one line counts those (`FitResult.options`
-  keeps them all).
+  Args:
+    result: a `FitResult` whose `chosen` is None.
+
+  Returns:
+    A `BatchOverBudget` when one example per core fits some plan, else a
+    `ModelParallel` for the smallest plan.
   """
-  header = '%-2s %-9s %5s %6s %9s %11s %6s %4s' % (
-      '', 'precision', 'K', 'micro', 'recompute', 'planned MiB', 'cost',
-      'fits')
-  lines = [header, '-' * len(header)]
-  groups = {}
-  for option in result.options:
-    groups.setdefault((option.precision, option.recompute), []).append(option)
-  for group in groups.values():
-    for index, option in enumerate(group):
-      lines.append('%-2s %-9s %5d %6d %9s %11.1f %6.2f %4s' % (
-          '*' if option == result.chosen else '', option.precision,
-          option.gradient_accumulation_steps, option.micro_batch,
-          'on' if option.recompute else 'off', option.planned_bytes / MiB,
-          option.cost, 'yes' if option.fits else 'no'))
-      rest = group[index + 1:]
-      if option.fits and rest and all(o.fits for o in rest):
-        lines.append('%-2s %s' % ('', '... and K = %d to %d (%.1f to %.1f '
-                                  'MiB) also fit' % (
-                                      rest[0].gradient_accumulation_steps,
-                                      rest[-1].gradient_accumulation_steps,
-                                      rest[0].planned_bytes / MiB,
-                                      rest[-1].planned_bytes / MiB)))
-        break
-  return lines
-
-
-def report_dict(result):
-  """JSON-ready summary of a `FitResult` (`--report`)."""
-  chosen = result.chosen
-  return {
-      'budget_bytes': result.budget_bytes,
-      'batch_per_core': result.batch_per_core,
-      'margin': result.margin, 'upcast': result.upcast,
-      'notes': list(result.notes),
-      'planned_peak_bytes': chosen.planned_bytes if chosen else None,
-      'levers': chosen.levers if chosen else None,
-      'options': [dict(dataclasses.asdict(o)) for o in result.options],
-  }
-
+  room = result.room_bytes
+  smallest = min(result.plans.values(),
+                 key=lambda p: p.step_bytes(1, upcast=result.upcast))
+  if smallest.step_bytes(1, upcast=result.upcast) <= room:
+    batch, (precision, recompute) = max(
+        (p.max_batch(int(room), upcast=result.upcast), key)
+        for key, p in result.plans.items())
+    return BatchOverBudget(batch_per_core=result.batch_per_core,
+                           largest_batch=batch, precision=precision,
+                           recompute=recompute)
+  return model_parallel(smallest, result.budget_bytes,
+                        image_input=result.image_input,
+                        margin=result.margin, upcast=result.upcast)

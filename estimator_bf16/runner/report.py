@@ -9,7 +9,6 @@ core in each precision, with Adam and with Adafactor.
 
 import dataclasses
 
-import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -17,37 +16,13 @@ from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import peak as peak_lib
+from estimator_bf16.memory import slots as slots_lib
 from estimator_bf16.platform import cpu_bfloat16
+from estimator_bf16.runner import fit_report
 from estimator_bf16.runner import xla_check
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
-BOARD_LINE = ('A v2-8 / v3-8 board has 8 cores; the global batch is 8x the '
-              'per-core batch.')
 MiB = 2.0**20
-
-
-def adam_slot_bytes(variable_shapes):
-  """Adam keeps two float32 slots (m, v) the size of every parameter."""
-  return sum(2 * 4 * int(np.prod(shape)) for _, shape in variable_shapes)
-
-
-def adafactor_slot_bytes(variable_shapes):
-  """`eb.AdafactorOptimizer`'s default slots (beta1=0, factored), float32.
-
-  A variable of rank >= 2 keeps a row accumulator (its shape without the
-  last dimension) and a column one (without the second to last); vectors
-  and scalars keep one accumulator of their own size.
-  """
-  total = 0
-  for _, shape in variable_shapes:
-    if len(shape) >= 2:
-      total += int(np.prod(shape[:-1])) + int(np.prod(shape[:-2] + shape[-1:]))
-    else:
-      total += int(np.prod(shape))
-  return 4 * total
-
-
-_SLOT_BYTES = {'adam': adam_slot_bytes, 'adafactor': adafactor_slot_bytes}
 
 
 def memory_plans(train_graph, precisions=eb.PRECISIONS,
@@ -79,13 +54,9 @@ def memory_plans(train_graph, precisions=eb.PRECISIONS,
                           params=train_graph.params,
                           gradient_accumulation_steps=gradient_accumulation_steps,
                           recompute=recompute)
-    accumulators = (plan.parameter_bytes if gradient_accumulation_steps > 1
-                    else 0)
     for optimizer in optimizers:
-      plans[(precision, optimizer)] = dataclasses.replace(
-          plan, optimizer=optimizer,
-          slot_bytes=(_SLOT_BYTES[optimizer](train_graph.variable_shapes) +
-                      accumulators))
+      plans[(precision, optimizer)] = slots_lib.optimizer_plan(
+          plan, optimizer, train_graph.variable_shapes)
   return plans
 
 
@@ -217,53 +188,6 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
   return dataclasses.replace(result, image_input=images)
 
 
-def run_flags(option):
-  """The `run` (and `tpu_submit tpu-vm run`) flags of a fit option."""
-  flags = ['--precision=%s' % option.precision]
-  if option.gradient_accumulation_steps > 1:
-    flags.append('--accumulate=%d' % option.gradient_accumulation_steps)
-  if option.recompute:
-    flags.append('--recompute')
-  return flags
-
-
-def fit_lines(result):
-  """The `check --fit` table, the choice, or the advice when none fits."""
-  lines = ['fit: batch %d per core (the TRAIN graph\'s batch) in %.0f MiB; '
-           'every combination of the levers, planned%s (fits: plan + %d%% '
-           'margin within the budget; cost: time per example relative to '
-           'plain bfloat16, from the benchmark):' % (
-               result.batch_per_core, result.budget_bytes / MiB,
-               ' with this CPU\'s float32 copies for bfloat16 matmuls'
-               if result.upcast else '', round(100 * result.margin))]
-  lines += fit_lib.table_lines(result)
-  lines += result.notes
-  lines.append('largest batch per core in %.0f MiB: %s.' % (
-      result.budget_bytes / MiB, '; '.join(
-          '%s %s' % row for row in fit_lib.largest_batches(result))))
-  if result.chosen is not None:
-    lines.append('chosen: %s, planned %.1f MiB of %.1f MiB (cost %.2f).' % (
-        result.chosen.describe(), result.chosen.planned_bytes / MiB,
-        result.budget_bytes / MiB, result.chosen.cost))
-    lines.append('to train with it: estimator_bf16 run %s PROGRAM.py ..., or '
-                 'on a TPU VM: tpu-submit tpu-vm run %s '
-                 '--program=PROGRAM.py -- ...' % (
-                     ' '.join(run_flags(result.chosen)),
-                     ' '.join(run_flags(result.chosen))))
-  else:
-    best = min(result.options, key=lambda o: o.planned_bytes)
-    lines.append('nothing fits: the smallest plan, %s, needs %.1f MiB '
-                 '(%.1f MiB with the %d%% margin).' % (
-                     best.describe(), best.planned_bytes / MiB,
-                     best.planned_bytes * (1 + result.margin) / MiB,
-                     round(100 * result.margin)))
-    lines += fit_lib.over_budget_lines(result)
-  lines.append(BOARD_LINE)
-  lines.append('Adafactor (advice: it changes your optimizer) keeps rows + '
-               'columns of each matrix instead of two full Adam slots.')
-  return lines
-
-
 def fit_measured_bytes(result):
   """The measured step `run --fit` compares: the first `train` call's,
   whose TRAIN graph was the one planned (0 if not measured)."""
@@ -285,7 +209,7 @@ def fit_run_lines(result):
     verdict = (': within the budget' if over <= 0 else
                ': OVER the budget by %.1f MiB' % (over / MiB))
   return ['fit: %s, chosen for %.1f MiB per core (cost %.2f)' % (
-      chosen.describe(), fitted.budget_bytes / MiB, chosen.cost),
+      fit_report.describe(chosen), fitted.budget_bytes / MiB, chosen.cost),
           'peak step tensors: measured %s | planned %.1f MiB | budget %.1f '
           'MiB%s' % (measured, chosen.planned_bytes / MiB,
                      fitted.budget_bytes / MiB, verdict)]
@@ -358,7 +282,7 @@ def report_json(result, budget_bytes=None, exit_code=None):
   if result.fit is not None:
     data['peak_step_bytes'] = fit_measured_bytes(result) or None
   if fitted is not None:
-    summary = fit_lib.report_dict(fitted)
+    summary = fit_report.report_dict(fitted)
     data['fit'] = summary
     data['budget_bytes'] = fitted.budget_bytes
     data['planned_peak_bytes'] = summary['planned_peak_bytes']
@@ -465,9 +389,7 @@ def _plan_table(plans):
       'precision', 'optimizer', 'params MiB', 'slots MiB', 'MiB/example',
       'v2 core', 'v3 core'))
   lines = [header, '-' * len(header)]
-  for (precision, optimizer), plan in sorted(
-      plans.items(), key=lambda item: (eb.PRECISIONS.index(item[0][0]),
-                                       item[0][1])):
+  for (precision, optimizer), plan in fit_lib.sorted_plans(plans):
     cores = plan.max_batch_per_core()
     lines.append('%-9s %-10s %10.2f %10.2f %12.4f %9d %9d' % (
         precision, optimizer, plan.parameter_bytes / MiB,
@@ -532,7 +454,7 @@ def format_check_report(result, fit_requested=False):
   lines += _problem_lines(result.problems)
   lines.append('')
   if isinstance(result.plans, fit_lib.FitResult):
-    lines += fit_lines(result.plans)
+    lines += fit_report.fit_lines(result.plans)
   elif result.plans:
     lines.append('memory plan: largest batch per TPU core (v2: 8 GiB, v3: 16 '
                  'GiB HBM), for one training step')
@@ -543,7 +465,7 @@ def format_check_report(result, fit_requested=False):
                    'and slots include the float32 accumulators.' %
                    result.gradient_accumulation_steps)
     lines.append('Estimates without XLA fusion or padding: leave headroom. '
-                 + BOARD_LINE)
+                 + fit_report.BOARD_LINE)
   else:
     lines.append(plan_problem_line(result) or 'memory plan: not available')
   lines += xla_check.report_lines(result)

@@ -63,13 +63,12 @@ def update_batch(train_graph, result):
 def levers_of(result):
   """(precision, K, recompute) to compile: `--fit`'s choice, else the run's.
 
-  The precision is a `Precision`: the run's as it is, or the fit's option
-  (which names it as a string) parsed here, where it enters the runner.
+  The precision is a `Precision`, the run's or the fit option's.
   """
   chosen = getattr(result.plans, 'chosen', None)
   if chosen is not None:
-    return (precision_lib.parse_precision(chosen.precision),
-            chosen.gradient_accumulation_steps, chosen.recompute)
+    return (chosen.precision, chosen.gradient_accumulation_steps,
+            chosen.recompute)
   return (result.precision, result.gradient_accumulation_steps,
           result.recompute)
 
