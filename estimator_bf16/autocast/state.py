@@ -36,27 +36,20 @@ def forget_replaced():
   _REPLACED.clear()
 
 
-def original_apply_op(*args, **kwargs):
-  """`op_def_library._apply_op_helper` as it was before autocast's swap.
+def _before_swap(owner, name):
+  """What `owner.name` held before autocast's swap; outside it, what it holds."""
+  function = _REPLACED.get(name)
+  return getattr(owner, name) if function is None else function
 
-  Outside the swap, whatever the module holds now.
-  """
-  # pylint: disable=protected-access
-  function = _REPLACED.get('_apply_op_helper')
-  if function is None:
-    function = op_def_library._apply_op_helper
-  return function(*args, **kwargs)
+
+def original_apply_op(*args, **kwargs):
+  """`op_def_library._apply_op_helper` as it was before autocast's swap."""
+  return _before_swap(op_def_library, '_apply_op_helper')(*args, **kwargs)
 
 
 def original_convert(*args, **kwargs):
-  """`tensor_conversion_registry.convert` as it was before autocast's swap.
-
-  Outside the swap, whatever the module holds now.
-  """
-  function = _REPLACED.get('convert')
-  if function is None:
-    function = tensor_conversion_registry.convert
-  return function(*args, **kwargs)
+  """`tensor_conversion_registry.convert` as it was before autocast's swap."""
+  return _before_swap(tensor_conversion_registry, 'convert')(*args, **kwargs)
 
 
 class _ThreadState(threading.local):
