@@ -241,7 +241,8 @@ def xla_lines(results):
     lines += _table(
         '**Recompute as XLA compiles the step** (XLA\'s bytes for one step '
         'from its buffer assignment, compiled on this CPU inside a device '
-        'loop; step time over the loops after the compiling one):',
+        'loop; time ratio: the two steps run turn about, one loop each per '
+        'round after the compiling one, the median of the rounds\' ratios):',
         ['model', 'batch', 'precision', 'plain MiB', 'recompute MiB',
          'bytes ratio', 'time ratio'],
         [[row['model'], '%d' % row['batch'], row['precision'],

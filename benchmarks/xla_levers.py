@@ -4,9 +4,9 @@ Each row compiles one model's TRAIN step with XLA on this CPU, inside a
 device loop as TPUEstimator lays it out on a TPU (`memory.xla_step`), and
 reads XLA's bytes for one step from its buffer assignment. Two tables:
 
-  * `recompute_rows`: the same step with and without recompute, built and
-    run in one process, one after the other: XLA's bytes and the step time
-    (a ratio of medians over the loops after the compiling one);
+  * `recompute_rows`: the same step with and without recompute, both
+    compiled and kept open in one process: XLA's bytes, and the step time
+    ratio over loops run turn about (the median of the rounds' ratios);
   * `planner_rows`: for each lever combination and precision, the
     planner's bytes for the step (`planning.plan_model`) beside XLA's.
 
@@ -16,10 +16,12 @@ tiles. Its buffer assignment also moves by a few percent between processes
 for the same graph (seen on small models); within one process it repeats.
 """
 
-from estimator_bf16.memory import xla_step
-from estimator_bf16.precision import policy
+import statistics
+
 from benchmarks import graphs
 from benchmarks import planning
+from estimator_bf16.memory import xla_step
+from estimator_bf16.precision import policy
 
 # Steps per compiled loop, and loops run (the first compiles).
 _LOOP_STEPS = 2
@@ -41,8 +43,13 @@ def xla_step_of(spec, precision, batch_size, steps=1, recompute=False,
       recompute=recompute)
 
 
-def recompute_rows(spec, batch_size, precision='bfloat16', loop_steps=1):
-  """Recompute's saving as XLA compiles the step.
+def recompute_rows(spec, batch_size, precision='bfloat16', loop_steps=1,
+                   rounds=_LOOPS):
+  """Recompute's saving as XLA compiles the step, its cost side by side.
+
+  Both steps are compiled and kept open in one process, then run turn
+  about, one loop each per round, so that both see the same load; the time
+  ratio is the median of the rounds' ratios.
 
   Args:
     spec: the model's `ModelSpec`.
@@ -50,21 +57,31 @@ def recompute_rows(spec, batch_size, precision='bfloat16', loop_steps=1):
     precision: of the step.
     loop_steps: steps per compiled loop: one for full-size models, whose
       step takes a minute or more on this CPU.
+    rounds: int, timed loops of each step.
 
   Returns:
     dict: 'model', 'batch', 'precision', 'plain_mib', 'recompute_mib',
     'bytes_ratio' (recompute / plain), 'time_ratio' (seconds per step,
-    recompute / plain).
+    recompute / plain), 'rounds'.
   """
-  plain = xla_step_of(spec, precision, batch_size, loop_steps=loop_steps)
-  recomputed = xla_step_of(spec, precision, batch_size, recompute=True,
-                           loop_steps=loop_steps)
+  def compiled(recompute):
+    return xla_step.CompiledLoop(
+        graphs.model_fn(spec), graphs.synthetic_input_fn(spec),
+        batch_size=batch_size, iterations_per_loop=loop_steps,
+        precision=precision, recompute=recompute)
+
+  with compiled(False) as plain, compiled(True) as recomputed:
+    pairs = [(plain.run(), recomputed.run()) for _ in range(rounds)]
+    plain_step = plain.step([plain.first_seconds] + [p for p, _ in pairs])
+    recompute_step = recomputed.step(
+        [recomputed.first_seconds] + [r for _, r in pairs])
   return {
       'model': spec.name, 'batch': batch_size, 'precision': precision,
-      'plain_mib': plain.step_bytes / MiB,
-      'recompute_mib': recomputed.step_bytes / MiB,
-      'bytes_ratio': recomputed.step_bytes / plain.step_bytes,
-      'time_ratio': recomputed.seconds_per_step / plain.seconds_per_step,
+      'plain_mib': plain_step.step_bytes / MiB,
+      'recompute_mib': recompute_step.step_bytes / MiB,
+      'bytes_ratio': recompute_step.step_bytes / plain_step.step_bytes,
+      'time_ratio': statistics.median(r / p for p, r in pairs),
+      'rounds': rounds,
   }
 
 

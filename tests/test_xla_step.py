@@ -444,16 +444,17 @@ class TilePaddingTest(tf.test.TestCase):
 class LeversOfTest(tf.test.TestCase):
 
   def test_fit_choice_wins_over_the_command(self):
-    chosen = types.SimpleNamespace(precision='float32',
-                                   gradient_accumulation_steps=4,
-                                   recompute=True)
+    # The fit's option holds a Precision (memory.fit), taken as it is.
+    chosen = types.SimpleNamespace(
+        precision=policy.parse_precision('float32'),
+        gradient_accumulation_steps=4, recompute=True)
     with_fit = types.SimpleNamespace(
-        plans=types.SimpleNamespace(chosen=chosen), precision='bfloat16',
+        plans=types.SimpleNamespace(chosen=chosen),
+        precision=policy.parse_precision('bfloat16'),
         gradient_accumulation_steps=1, recompute=False)
     levers = xla_check.levers_of(with_fit)
     self.assertEqual(levers, ('float32', 4, True))
-    # The fit names its choice as a string; the XLA build gets a Precision.
-    self.assertIsInstance(levers[0], policy.Precision)
+    self.assertIs(levers[0], chosen.precision)
     run_precision = policy.parse_precision('bfloat16')
     plain = types.SimpleNamespace(plans={}, precision=run_precision,
                                   gradient_accumulation_steps=2,

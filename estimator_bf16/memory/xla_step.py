@@ -329,6 +329,136 @@ def _one_line_failure(error, graph):
           op_type, node, where, first[:200]))
 
 
+class CompiledLoop:
+  """The TRAIN loop built as on a TPU and compiled by XLA, its session open.
+
+  Building runs the first loop, which compiles, and reads XLA's buffer
+  assignment of the compiled loop; `run` runs (and times) one more loop.
+  `train_loop_on_xla` uses one for a few loops. Two kept open at once can
+  be run turn about, so that their step times are measured side by side
+  under the same load (the benchmark's paired step times). Close it (or
+  use it in a `with` block) to free the session.
+
+  Args (keyword-only after `input_fn`): as `train_loop_on_xla`'s, less
+  `loops` and `return_variables`.
+
+  Raises:
+    as `train_loop_on_xla`.
+  """
+
+  def __init__(self, model_fn, input_fn, *, batch_size, params=None,
+               config=None, iterations_per_loop=2, precision='bfloat16',
+               gradient_accumulation_steps=1, recompute=False):
+    if iterations_per_loop < 1:
+      raise ValueError('iterations_per_loop must be >= 1, got %r.' %
+                       iterations_per_loop)
+    self.iterations_per_loop = iterations_per_loop
+    folder = xla_dump.enable()
+    before = xla_dump.assignment_files(folder)
+    wrapped = wrappers.wrap_model_fn(
+        model_fn, precision, audit='off',
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        recompute=recompute)
+    run_params = dict(params or {})
+    # As the package's estimators and the runner pass them: model code that
+    # builds its network through `eb.build_network` reads the precision.
+    run_params.update(batch_size=batch_size, use_tpu=True,
+                      precision=precision)
+    self._graph = graph = tf.Graph()
+    with graph.as_default():
+      seed = getattr(config, 'tf_random_seed', None)
+      if seed is not None:
+        # As an Estimator does: the same seed draws the same initial weights.
+        tf.compat.v1.set_random_seed(seed)
+      # A resource variable, as TPUEstimator makes it: XLA cannot compile a
+      # reference variable's update (a program may have disabled resource
+      # variables with `disable_v2_behavior()`).
+      self._global_step = tf.compat.v1.get_variable(
+          tf.compat.v1.GraphKeys.GLOBAL_STEP, shape=[], dtype=tf.int64,
+          initializer=tf.compat.v1.zeros_initializer(), trainable=False,
+          use_resource=True,
+          collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+                       tf.compat.v1.GraphKeys.GLOBAL_STEP])
+      initializer, features, labels = _stacked_batches(
+          wrappers.wrap_input_fn(input_fn, precision), run_params, config,
+          iterations_per_loop)
+      with _one_core():
+        self._loss = _loop(wrapped, run_params, config, iterations_per_loop,
+                           features, labels)
+      input_tensors = [t for t in tf.nest.flatten((features, labels))
+                       if t is not None]
+      init = [tf.compat.v1.global_variables_initializer(),
+              tf.compat.v1.local_variables_initializer(),
+              tf.compat.v1.tables_initializer(), initializer]
+    self._session = tf.compat.v1.Session(graph=graph)
+    self._values = None
+    try:
+      self._session.run(init)
+      self.first_seconds = self.run()
+    except BaseException:
+      self.close()
+      raise
+    self._shapes = [_xla_shape(t) for t in input_tensors]
+    self._assignment = _step_assignment(
+        xla_dump.new_assignments(folder, before), self._shapes)
+
+  def run(self):
+    """Runs one loop of `iterations_per_loop` steps; returns its seconds."""
+    start = time.perf_counter()
+    try:
+      self._values = self._session.run(self._loss)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
+            tf.errors.NotFoundError) as e:
+      raise _one_line_failure(e, self._graph) from None
+    return time.perf_counter() - start
+
+  def step(self, times, return_variables=False):
+    """The `XlaStep` of this loop, given the seconds of the loops run.
+
+    Args:
+      times: list of float, every loop's seconds, the compiling one first.
+      return_variables: also read the variables' values now.
+    """
+    assignment = self._assignment
+    shapes = list(self._shapes)
+    input_bytes = variable_bytes = 0
+    for _, shape, size in assignment.parameters():
+      if shape in shapes:
+        shapes.remove(shape)
+        input_bytes += size
+      else:
+        variable_bytes += size
+    iterations = self.iterations_per_loop
+    extra_inputs = input_bytes * (iterations - 1) // iterations
+    variables = None
+    if return_variables:
+      with self._graph.as_default():
+        found = tf.compat.v1.global_variables()
+      variables = dict(zip([v.op.name for v in found],
+                           self._session.run(found)))
+    values = self._values
+    loss_value = values[0] if isinstance(values, (list, tuple)) else values
+    return XlaStep(
+        step_bytes=assignment.total_bytes - variable_bytes - extra_inputs,
+        total_bytes=assignment.total_bytes, variable_bytes=variable_bytes,
+        input_bytes=input_bytes, iterations_per_loop=iterations,
+        loops=len(times), loss=float(np.asarray(loss_value)),
+        global_step=int(self._session.run(self._global_step)),
+        seconds_per_step=(float(np.median(times[1:])) / iterations
+                          if len(times) > 1 else None),
+        assignment_path=assignment.path, variables=variables,
+        product_dtypes=xla_dump.product_dtypes(assignment.path))
+
+  def close(self):
+    self._session.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused_exc_info):
+    self.close()
+
+
 def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
                       config=None, iterations_per_loop=2, loops=2,
                       precision='bfloat16', gradient_accumulation_steps=1,
@@ -365,77 +495,11 @@ def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
   if iterations_per_loop < 1 or loops < 1:
     raise ValueError('iterations_per_loop and loops must be >= 1, got %r '
                      'and %r.' % (iterations_per_loop, loops))
-  folder = xla_dump.enable()
-  before = xla_dump.assignment_files(folder)
-  wrapped = wrappers.wrap_model_fn(
-      model_fn, precision, audit='off',
+  with CompiledLoop(
+      model_fn, input_fn, batch_size=batch_size, params=params,
+      config=config, iterations_per_loop=iterations_per_loop,
+      precision=precision,
       gradient_accumulation_steps=gradient_accumulation_steps,
-      recompute=recompute)
-  run_params = dict(params or {})
-  # As the package's estimators and the runner pass them: model code that
-  # builds its network through `eb.build_network` reads the precision.
-  run_params.update(batch_size=batch_size, use_tpu=True, precision=precision)
-  graph = tf.Graph()
-  with graph.as_default():
-    seed = getattr(config, 'tf_random_seed', None)
-    if seed is not None:
-      # As an Estimator does: the same seed draws the same initial weights.
-      tf.compat.v1.set_random_seed(seed)
-    # A resource variable, as TPUEstimator makes it: XLA cannot compile a
-    # reference variable's update (a program may have disabled resource
-    # variables with `disable_v2_behavior()`).
-    global_step = tf.compat.v1.get_variable(
-        tf.compat.v1.GraphKeys.GLOBAL_STEP, shape=[], dtype=tf.int64,
-        initializer=tf.compat.v1.zeros_initializer(), trainable=False,
-        use_resource=True,
-        collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
-                     tf.compat.v1.GraphKeys.GLOBAL_STEP])
-    initializer, features, labels = _stacked_batches(
-        wrappers.wrap_input_fn(input_fn, precision), run_params, config,
-        iterations_per_loop)
-    with _one_core():
-      loss = _loop(wrapped, run_params, config, iterations_per_loop,
-                   features, labels)
-    input_tensors = [t for t in tf.nest.flatten((features, labels))
-                     if t is not None]
-    init = [tf.compat.v1.global_variables_initializer(),
-            tf.compat.v1.local_variables_initializer(),
-            tf.compat.v1.tables_initializer(), initializer]
-  with tf.compat.v1.Session(graph=graph) as session:
-    session.run(init)
-    times = []
-    try:
-      for _ in range(loops):
-        start = time.perf_counter()
-        values = session.run(loss)
-        times.append(time.perf_counter() - start)
-    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
-            tf.errors.NotFoundError) as e:
-      raise _one_line_failure(e, graph) from None
-    step = int(session.run(global_step))
-    variables = None
-    if return_variables:
-      with graph.as_default():
-        found = tf.compat.v1.global_variables()
-      variables = dict(zip([v.op.name for v in found], session.run(found)))
-  shapes = [_xla_shape(t) for t in input_tensors]
-  assignment = _step_assignment(
-      xla_dump.new_assignments(folder, before), shapes)
-  input_bytes = variable_bytes = 0
-  for _, shape, size in assignment.parameters():
-    if shape in shapes:
-      shapes.remove(shape)
-      input_bytes += size
-    else:
-      variable_bytes += size
-  extra_inputs = input_bytes * (iterations_per_loop - 1) // iterations_per_loop
-  loss_value = values[0] if isinstance(values, (list, tuple)) else values
-  return XlaStep(
-      step_bytes=assignment.total_bytes - variable_bytes - extra_inputs,
-      total_bytes=assignment.total_bytes, variable_bytes=variable_bytes,
-      input_bytes=input_bytes, iterations_per_loop=iterations_per_loop,
-      loops=loops, loss=float(np.asarray(loss_value)), global_step=step,
-      seconds_per_step=(float(np.median(times[1:])) / iterations_per_loop
-                        if len(times) > 1 else None),
-      assignment_path=assignment.path, variables=variables,
-      product_dtypes=xla_dump.product_dtypes(assignment.path))
+      recompute=recompute) as loop:
+    times = [loop.first_seconds] + [loop.run() for _ in range(loops - 1)]
+    return loop.step(times, return_variables)
