@@ -195,7 +195,7 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
   jobs = cluster_jobs(workers, evaluator)
   lock = threading.Lock()
   processes = {}
-  threads = []
+  threads = {}
 
   def say(message):
     with lock:
@@ -220,14 +220,14 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
       thread = threading.Thread(target=_stream,
                                 args=(process, name, out, lock), daemon=True)
       thread.start()
-      threads.append(thread)
+      threads[name] = thread
     try:
       while any(p.poll() is None for p in processes.values()):
         if terminated.is_set():
           say('got %s; passing SIGTERM to chief:0, then to the other '
               'tasks once it has stopped (at most %g s).' % (
                   signal.Signals(terminated.signum).name, grace_secs))
-          _pass_sigterm_on(processes, grace_secs)
+          _pass_sigterm_on(processes, threads, grace_secs)
           failed, status = 'launch', 128 + terminated.signum
           break
         for name, process in processes.items():
@@ -242,7 +242,7 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
       say('interrupted; stopping every task.')
       _stop(processes, grace_secs)
       status = 130
-  for thread in threads:
+  for thread in threads.values():
     thread.join(timeout=5)
   if failed is None and status == 0:
     for name, process in processes.items():
@@ -290,7 +290,7 @@ def _terminate(processes, kill_after_secs):
       process.wait()
 
 
-def _pass_sigterm_on(processes, grace_secs):
+def _pass_sigterm_on(processes, threads, grace_secs):
   """SIGTERM to the chief, and once it has exited, to the other tasks.
 
   Each task stops after the step it is in, but a multi-worker step needs
@@ -302,6 +302,9 @@ def _pass_sigterm_on(processes, grace_secs):
   chief = processes.get('chief:0')
   if chief is not None:
     _terminate([chief], grace_secs)
+    # The chief's last lines (its save) are printed before the others hear
+    # of the stop: its output ends when it has exited.
+    threads['chief:0'].join(timeout=5)
   _terminate(processes.values(), _KILL_AFTER_SECS)
 
 
