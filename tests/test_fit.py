@@ -248,16 +248,12 @@ class SlotBytesTest(tf.test.TestCase):
     self.assertEqual(slots.adam_slot_bytes(self._SHAPES),
                      2 * 4 * self._PARAMETERS)
     self.assertEqual(slots.slot_bytes('adam', self._SHAPES), 14464)
-    # Momentum: one velocity per parameter.
-    self.assertEqual(slots.momentum_slot_bytes(self._SHAPES),
-                     4 * self._PARAMETERS)
-    self.assertEqual(slots.slot_bytes('momentum', self._SHAPES), 7232)
     # Adafactor: rows (shape without the last dim) + columns (without the
     # second last) of each matrix; vectors keep their own size.
     factored = (3 * 3 * 8 + 3 * 3 * 16) + 16 + (64 + 10)
     self.assertEqual(slots.adafactor_slot_bytes(self._SHAPES), 4 * factored)
     self.assertEqual(slots.slot_bytes('adafactor', self._SHAPES), 1224)
-    with self.assertRaisesRegex(ValueError, 'adam, momentum, adafactor'):
+    with self.assertRaisesRegex(ValueError, 'adam, adafactor'):
       slots.slot_bytes('rmsprop', self._SHAPES)
 
   def test_optimizer_plan_counts_the_accumulators_as_slots(self):

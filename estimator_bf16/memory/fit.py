@@ -191,9 +191,11 @@ def divisors(batch):
 
 
 def cost(precision, steps, recompute):
-  """Estimated time per example relative to plain bfloat16 (`COSTS`)."""
-  value = (1.0 if precision_lib.parse_precision(precision).bfloat16
-           else COSTS['float32'])
+  """Estimated time per example relative to plain bfloat16 (`COSTS`).
+
+  `precision` is a `Precision` (`fit` parses its plans' keys).
+  """
+  value = 1.0 if precision.bfloat16 else COSTS['float32']
   if recompute:
     value *= COSTS['recompute']
   if steps > 1:

@@ -25,11 +25,6 @@ def adam_slot_bytes(variable_shapes):
   return sum(2 * _FLOAT32_BYTES * _size(shape) for _, shape in variable_shapes)
 
 
-def momentum_slot_bytes(variable_shapes):
-  """Momentum keeps one float32 slot (the velocity) per parameter."""
-  return sum(_FLOAT32_BYTES * _size(shape) for _, shape in variable_shapes)
-
-
 def adafactor_slot_bytes(variable_shapes):
   """`eb.AdafactorOptimizer`'s default slots (beta1=0, factored), float32.
 
@@ -47,8 +42,7 @@ def adafactor_slot_bytes(variable_shapes):
   return _FLOAT32_BYTES * total
 
 
-SLOT_BYTES = {'adam': adam_slot_bytes, 'momentum': momentum_slot_bytes,
-              'adafactor': adafactor_slot_bytes}
+SLOT_BYTES = {'adam': adam_slot_bytes, 'adafactor': adafactor_slot_bytes}
 
 
 def slot_bytes(optimizer, variable_shapes):

@@ -158,14 +158,13 @@ def fit_lines(result):
       result.budget_bytes / MiB, '; '.join(
           '%s %s' % item for item in largest_batch_items(result))))
   if result.chosen is not None:
+    flags = ' '.join(run_flags(result.chosen))
     lines.append('chosen: %s, planned %.1f MiB of %.1f MiB (cost %.2f).' % (
         describe(result.chosen), result.chosen.planned_bytes / MiB,
         result.budget_bytes / MiB, result.chosen.cost))
     lines.append('to train with it: estimator_bf16 run %s PROGRAM.py ..., or '
                  'on a TPU VM: tpu-submit tpu-vm run %s '
-                 '--program=PROGRAM.py -- ...' % (
-                     ' '.join(run_flags(result.chosen)),
-                     ' '.join(run_flags(result.chosen))))
+                 '--program=PROGRAM.py -- ...' % (flags, flags))
   else:
     best = fit_lib.smallest_option(result)
     lines.append('nothing fits: the smallest plan, %s, needs %.1f MiB '
