@@ -23,6 +23,7 @@ from tensorflow.compiler.tf2xla.python import xla as tf2xla
 from tensorflow.python.util import object_identity
 
 from estimator_bf16.levers import op_copy
+from estimator_bf16.levers import xla_order
 from estimator_bf16.platform import xla_context
 
 
@@ -202,13 +203,11 @@ def _behind_barrier(entries, wait_for):
   released = tf2xla.optimization_barrier(*(held + waits))
   # XLA's CPU compiler drops optimization barriers before it merges equal
   # computations; a data dependency it cannot remove keeps the copies
-  # apart and late there too: each entry plus zero times one element of
-  # every later gradient (a float multiply by zero is not simplified away,
-  # for NaN's sake). Depending on all of them, not one, also makes the later
-  # segment's weight gradients be computed first, which frees what they
-  # read.
-  anchor = tf.add_n([tf.cast(tf.reshape(w, [-1])[0], tf.float32)
-                     for w in released[len(held):]]) * 0
+  # apart and late there too: each entry plus a zero made from every later
+  # gradient (`xla_order`). Depending on all of them, not one, also makes
+  # the later segment's weight gradients be computed first, which frees
+  # what they read.
+  anchor = xla_order.zero_after(released[len(held):])
   for tensor, output in zip(held, released):
     mapping[tensor] = output + tf.cast(anchor, output.dtype)
   return mapping
