@@ -10,7 +10,7 @@ from benchmarks import graphs
 
 
 def plan_model(spec, precision, optimizer=None, gradient_accumulation_steps=1,
-               recompute=False):
+               recompute=False, compiled=False):
   """Returns the `MemoryPlan` of `spec`'s training step.
 
   Args:
@@ -18,13 +18,14 @@ def plan_model(spec, precision, optimizer=None, gradient_accumulation_steps=1,
     precision: 'float32' or 'bfloat16'.
     optimizer: overrides `spec.optimizer` (e.g. 'adafactor').
     gradient_accumulation_steps, recompute: the memory levers.
+    compiled: plan the step as XLA compiles it (`eb.memory_plan`).
   """
   features, labels = graphs.feature_specs(spec)
   return planner.memory_plan(
       graphs.model_fn(spec, optimizer), features=features, labels=labels,
       precision=precision,
       gradient_accumulation_steps=gradient_accumulation_steps,
-      recompute=recompute)
+      recompute=recompute, compiled=compiled)
 
 
 def plan_row(plan, budget_bytes=None, cpu_upcast=False):

@@ -263,6 +263,68 @@ class LeversPlanTest(parameterized.TestCase):
                           gradient_accumulation_steps=0)
 
 
+def _gelu_network(features, is_training):
+  """Dense(1024) -> tanh GELU -> Dense(10): an elementwise chain of six ops
+  on a 1024-wide activation, as in a BERT layer's intermediate output."""
+  del is_training
+  net = tf.reshape(features['image'], [-1, 256])
+  hidden = tf.compat.v1.layers.dense(net, 1024, name='hidden')
+  gelu = 0.5 * hidden * (1.0 + tf.tanh(
+      0.7978845608 * (hidden + 0.044715 * hidden * hidden * hidden)))
+  return tf.compat.v1.layers.dense(gelu, _CLASSES, name='logits')
+
+
+class CompiledPlanTest(parameterized.TestCase):
+  """`compiled=True`: the step as XLA compiles it for a TPU."""
+
+  @parameterized.parameters('float32', 'bfloat16')
+  def test_an_elementwise_chain_is_one_buffer(self, precision):
+    plans = {compiled: planner.memory_plan(
+        network_fn=_gelu_network, features={'image': _IMAGE},
+        precision=precision, optimizer='sgd', compiled=compiled)
+             for compiled in (False, True)}
+    width = 1024 * (2 if precision == 'bfloat16' else 4)
+    # The executor keeps several of the chain's 1024-wide results for the
+    # gradient; fused, the chain reads the matmul's output and is computed
+    # again where the gradient needs it.
+    self.assertGreater(plans[False].bytes_per_example, 4 * width)
+    self.assertLess(plans[True].bytes_per_example,
+                    plans[False].bytes_per_example - 2 * width)
+    self.assertEqual(plans[True].persistent_bytes,
+                     plans[False].persistent_bytes)
+
+  def test_a_loop_on_the_device_holds_the_update_s_input(self):
+    plans = {compiled: planner.memory_plan(
+        network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',
+        gradient_accumulation_steps=4, compiled=compiled)
+             for compiled in (False, True)}
+    example_bytes = 16 * 16 * 4 + 4  # a float32 image and an int32 label
+    self.assertEqual(plans[True].input_bytes_per_example, example_bytes)
+    # Three more micro-batches of 256 examples, and micro-batch 0's
+    # gradients (one float32 copy of the weights) held through the loop.
+    extra = 3 * 256 * example_bytes + 4 * _PARAMETERS
+    host, device = (plans[c].step_bytes(1024) for c in (False, True))
+    self.assertLess(abs(device - host - extra), 0.02 * extra)
+    # The same from a plan without accumulation, as `--fit` plans.
+    single = planner.memory_plan(
+        network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',
+        compiled=True)
+    self.assertEqual(single.update_bytes(1024, 1), single.step_bytes(1024))
+    self.assertEqual(single.update_bytes(1024, 4), device)
+    budget = 64 * 2**20
+    batch = plans[True].max_batch(budget)
+    self.assertLessEqual(plans[True].step_bytes(batch), budget)
+    self.assertGreater(plans[True].step_bytes(batch + 4), budget)
+    self.assertLess(batch, plans[False].max_batch(budget))
+
+  def test_update_bytes_needs_a_plan_without_accumulation(self):
+    accumulated = planner.memory_plan(
+        network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',
+        gradient_accumulation_steps=2)
+    with self.assertRaisesRegex(ValueError, 'K = 2'):
+      accumulated.update_bytes(64, 2)
+
+
 @pytest.mark.slow
 @pytest.mark.serial
 class MeasuredPeakTest(parameterized.TestCase):

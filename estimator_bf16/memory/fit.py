@@ -209,9 +209,10 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
 
   Args:
     plans: {(precision, recompute): `MemoryPlan`} built without
-      accumulation (see `lever_plans`); accumulation is planned from them:
-      the micro-batch's step plus one float32 copy of the trainable
-      variables (the accumulators).
+      accumulation (see `lever_plans`); accumulation is planned from them
+      (`MemoryPlan.update_bytes`): the micro-batch's step plus one float32
+      copy of the trainable variables (the accumulators) and, for a plan
+      compiled for a TPU, the input of the whole update.
     batch_per_core: int, examples per update per core.
     budget_bytes: int, memory of one core.
     margin: float >= 0; an option fits when `planned x (1 + margin)` is
@@ -256,9 +257,7 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
   for (precision, recompute), plan in sorted_plans(plans):
     for steps in all_steps:
       micro = batch_per_core // steps
-      planned = plan.step_bytes(micro, upcast=upcast)
-      if steps > 1:
-        planned += plan.parameter_bytes
+      planned = plan.update_bytes(batch_per_core, steps, upcast=upcast)
       options.append(Option(
           precision=precision, gradient_accumulation_steps=steps,
           recompute=recompute, micro_batch=micro, planned_bytes=planned,
@@ -274,7 +273,8 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
 
 
 def lever_plans(model_fn, *, features, labels, params=None,
-                precisions=precision_lib.PRECISIONS, tile=None):
+                precisions=precision_lib.PRECISIONS, tile=None,
+                compiled=False):
   """The plans `fit` needs: each precision with and without recompute.
 
   Args:
@@ -282,13 +282,15 @@ def lever_plans(model_fn, *, features, labels, params=None,
     precisions: the precisions to plan.
     tile: None, or a TPU's tile (`platform.tpu.TPU_TILE`) for a TPU core's
       budget (`eb.memory_plan`).
+    compiled: plan the step as XLA compiles it for a TPU
+      (`eb.memory_plan`).
 
   Returns:
     {(precision, recompute): `MemoryPlan`}.
   """
   return {(precision, recompute): planner.memory_plan(
       model_fn, features=features, labels=labels, precision=precision,
-      params=params, recompute=recompute, tile=tile)
+      params=params, recompute=recompute, tile=tile, compiled=compiled)
           for precision in precisions for recompute in (False, True)}
 
 

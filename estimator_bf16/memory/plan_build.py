@@ -105,6 +105,12 @@ def variable_bytes(graph=None, tile=None):
   return sizes
 
 
+def step_inputs(build):
+  """The tensors a built step is fed: its placeholders' outputs."""
+  return [op.outputs[0] for op in build.graph.get_operations()
+          if op.type in ('Placeholder', 'PlaceholderV2')]
+
+
 def network_model_fn(network_fn, optimizer):
   """A TRAIN-only model_fn around a network: cross-entropy and `optimizer`.
 

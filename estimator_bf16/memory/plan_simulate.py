@@ -10,6 +10,20 @@ are `(fixed, per_example)` pairs, so the live bytes at each moment are a
 line in the batch size; the result is the upper envelope of those lines.
 It also counts, separately, the float32 copies a CPU without bfloat16
 arithmetic makes around each bfloat16 matmul.
+
+With `compiled=True` it plans the step as XLA compiles it instead:
+
+  * XLA fuses an elementwise op into the ops that read its result, so a
+    chain such as GELU, the layer-norm arithmetic or a dropout mask
+    computes in registers and only the chain's last result gets a buffer.
+    An elementwise op whose readers are all elementwise, reductions or
+    rearrangements (`FUSING_OPS`) gets no buffer here; each reader reads
+    its inputs in its place (they live until the last such reader ran).
+  * XLA keeps no control dependencies and its schedule puts the variable
+    updates after the backprop (seen in the CPU compile's buffer
+    assignment, where every weight gradient is live at the end of the
+    step; on a TPU the cross-replica sums of the gradients come first as
+    well): here updates run only when nothing else can.
 """
 
 import heapq
@@ -49,6 +63,17 @@ _UPCAST_OPS = _MATMUL_OPS | op_lists.CPU_SLOW_BFLOAT16_OPS['emulated']
 # Outputs that exist before the step (or outside it) and are never freed.
 _PERSISTENT_OPS = frozenset(['Const', 'HostConst']) | op_lists.VARIABLE_OPS
 _NO_BYTES = (0.0, 0.0)
+# Elementwise ops XLA fuses into their readers (`compiled=True`), and the
+# readers it fuses them into: more elementwise ops, reductions and
+# rearrangements (XLA's loop and input fusions).
+_FUSED_OPS = _FORWARDING_OPS | op_lists.COMPARISON_OPS | frozenset([
+    'Cast', 'Equal', 'NotEqual', 'LogicalAnd', 'LogicalOr', 'LogicalNot',
+    'OnesLike', 'ZerosLike', 'FloorDiv', 'FloorMod',
+])
+FUSING_OPS = _FUSED_OPS | frozenset([
+    'Sum', 'Mean', 'Max', 'Min', 'Prod', 'BiasAddGrad', 'Transpose',
+    'Reshape', 'ExpandDims', 'Squeeze', 'Tile', 'BroadcastTo',
+])
 
 
 def tensor_bytes(tensor, tile=None):
@@ -77,12 +102,14 @@ def tensor_bytes(tensor, tile=None):
   return elements * dtype.size
 
 
-def simulate(build, size_of):
+def simulate(build, size_of, compiled=False):
   """Runs one step on paper; returns the upper envelope of live bytes.
 
   Args:
     build: a `plan_build.Build`.
     size_of: `size_of(tensor) -> (fixed, per_example)` bytes.
+    compiled: plan the step as XLA compiles it: elementwise chains fused
+      into their readers, updates last (see the module docstring).
 
   Returns:
     Two lists of (fixed, per_example) lines: live transient bytes at each
@@ -91,30 +118,81 @@ def simulate(build, size_of):
   """
   # What a session runs for the fetches: data and control inputs.
   needed = recompute_path.ancestor_ops(build.fetches, control_inputs=True)
+  fused = _fused(needed) if compiled else frozenset()
+  reads = _Reads(fused)
   consumers = {}
   for op in needed:
-    for tensor in op.inputs:
+    if op in fused:
+      continue
+    for tensor in reads.of(op):
       consumers[tensor] = consumers.get(tensor, 0) + 1
   memory = _Liveness(consumers, size_of)
   points, upcast_points = [], []
-  for op in _execution_order(needed, build.graph):
-    memory.run(op)
+  for op in _execution_order(needed, build.graph, updates_last=compiled):
+    if op in fused:
+      continue  # computed inside its reader
+    inputs = reads.of(op)
+    memory.run(op, inputs)
     points.append(tuple(memory.live))
     scratch = _upcast_scratch(op, size_of)
     upcast_points.append((memory.live[0] + scratch[0],
                           memory.live[1] + scratch[1]))
-    memory.finish(op)
+    memory.finish(op, inputs)
   return _upper_envelope(points), _upper_envelope(upcast_points)
 
 
-def _execution_order(needed, graph):
+def _fused(needed):
+  """The ops of `needed` XLA computes inside the ops that read them."""
+  readers = {}
+  for op in needed:
+    for tensor in op.inputs:
+      readers.setdefault(tensor, []).append(op)
+  fused = set()
+  for op in needed:
+    if op.type not in _FUSED_OPS or len(op.outputs) != 1:
+      continue
+    users = readers.get(op.outputs[0], ())
+    if users and all(user.type in FUSING_OPS for user in users):
+      fused.add(op)
+  return frozenset(fused)
+
+
+class _Reads:
+  """The buffers each op reads: a fused input stands for its own inputs."""
+
+  def __init__(self, fused):
+    self._fused = fused
+    self._memo = {}
+
+  def of(self, op):
+    """The tensors with buffers that `op` reads, in input order."""
+    if op not in self._memo:
+      tensors = []
+      for tensor in op.inputs:
+        if tensor.op in self._fused:
+          tensors.extend(self.of(tensor.op))
+        else:
+          tensors.append(tensor)
+      self._memo[op] = tensors
+    return self._memo[op]
+
+
+def _is_update(op):
+  """Whether `op` writes a variable (an optimizer's update)."""
+  return (op.type.startswith(op_lists.OPTIMIZER_UPDATE_PREFIX) or
+          op.type in op_lists.VARIABLE_WRITE_OPS)
+
+
+def _execution_order(needed, graph, updates_last=False):
   """Yields the `needed` ops in the order a one-op-at-a-time executor runs.
 
   Of the ops whose inputs (data and control) have all run, the one created
-  first in `graph` runs next. The next op is chosen only after the caller
+  first in `graph` runs next; with `updates_last`, variable updates run
+  only when nothing else can. The next op is chosen only after the caller
   resumes the generator, i.e. after it has simulated the previous one.
   """
-  order = {op: i for i, op in enumerate(graph.get_operations())}
+  order = {op: (updates_last and _is_update(op), i)
+           for i, op in enumerate(graph.get_operations())}
   pending = {op: len(set(t.op for t in op.inputs) | set(op.control_inputs))
              for op in needed}
   users = {}
@@ -158,8 +236,8 @@ class _Liveness:
     self._buffer_size = {}  # buffer id -> (fixed, per_example)
     self.live = [0.0, 0.0]
 
-  def run(self, op):
-    """Allocates (or aliases) the outputs of `op`."""
+  def run(self, op, inputs):
+    """Allocates (or aliases) the outputs of `op`, which reads `inputs`."""
     if op.type in _PERSISTENT_OPS:
       for tensor in op.outputs:
         self._allocate(tensor, _NO_BYTES)
@@ -171,16 +249,17 @@ class _Liveness:
         self._allocate(tensor, size, self._buffers[op.inputs[index]])
         continue
       if op.type in _FORWARDING_OPS and index == 0:
-        reused = self._dying_input_of_size(op, size)
+        reused = self._dying_input_of_size(inputs, size)
         if reused is not None:
           # Take over the buffer: it stays allocated for the new tensor.
           self._allocate(tensor, size, reused)
           continue
       self._allocate(tensor, size)
 
-  def finish(self, op):
-    """Counts the reads `op` made; frees what no one reads any more."""
-    for tensor in op.inputs:
+  def finish(self, op, inputs):
+    """Counts the reads `op` made of `inputs`; frees what no one reads any
+    more."""
+    for tensor in inputs:
       buffer_id = self._buffers.get(tensor)
       if buffer_id is not None:
         self._remaining[buffer_id] -= 1
@@ -206,9 +285,9 @@ class _Liveness:
       self.live[0] -= size[0]
       self.live[1] -= size[1]
 
-  def _dying_input_of_size(self, op, size):
-    """A buffer of `size` that `op` reads for the last time, or None."""
-    for tensor in op.inputs:
+  def _dying_input_of_size(self, inputs, size):
+    """A buffer of `size` read for the last time in `inputs`, or None."""
+    for tensor in inputs:
       buffer_id = self._buffers.get(tensor)
       if (buffer_id is not None and buffer_id in self._buffer_size and
           self._remaining[buffer_id] == 1 and

@@ -34,12 +34,21 @@ what TensorFlow's CPU kernels add on CPUs without bfloat16 arithmetic
 its operands and result. That is how the benchmark checks the planner
 against a CPU measurement; TPUs need no such copies.
 
+With `compiled=True` it plans the step as XLA compiles it for a TPU
+instead of as TensorFlow's executor runs it: elementwise chains fused into
+the op that reads them and the variable updates after the backprop, where
+XLA's schedule puts them (`plan_simulate`), and gradient accumulation
+inside the device loop (`levers.device_accumulation`), which holds the
+whole update's input, not one micro-batch's, and micro-batch 0's gradients
+through the loop. With `tile` it pads every tensor to the TPU's tiles.
+`check --fit --device=tpu-*` plans with both.
+
 What it does not model: allocator rounding and fragmentation, other kernel
 scratch space, the executor's order when several ops run at once, and the
-compiler's own choices on a TPU (XLA fuses elementwise ops, which lowers the
-peak, and pads small dimensions to the 128-lane tiles, which raises it; the
-runtime also reserves some memory). Leave headroom. `docs/benchmarks.md`
-states the planner's error against the measured CPU peak.
+compiler's other choices (XLA's own schedule, its copies into a loop's
+state; the TPU runtime also reserves some memory). Leave headroom.
+`docs/benchmarks.md` states the planner's error against the measured CPU
+peak, docs/levers.md against XLA's buffer assignment.
 """
 
 import dataclasses
@@ -90,6 +99,12 @@ class MemoryPlan:
       batch of an update (K micro-batches), and the accumulators count as
       slots.
     recompute: whether the graph recomputes activations in backprop.
+    compiled: planned as XLA compiles the step (`memory_plan`): fused
+      elementwise chains, variable updates after the backprop and, with
+      accumulation, the device loop's (the whole update's input, and
+      micro-batch 0's gradients held through the loop).
+    input_bytes_per_example: bytes of one example's features and labels as
+      the step receives them (in the compute dtype).
   """
   precision: str
   optimizer: str
@@ -103,6 +118,8 @@ class MemoryPlan:
   batch_sizes: Tuple[int, int]
   gradient_accumulation_steps: int = 1
   recompute: bool = False
+  compiled: bool = False
+  input_bytes_per_example: float = 0.0
 
   @property
   def persistent_bytes(self):
@@ -123,7 +140,54 @@ class MemoryPlan:
     """
     micro_batch = batch_size / float(self.gradient_accumulation_steps)
     transient = max(a + c * micro_batch for a, c in self._lines(upcast))
-    return int(round(self.persistent_bytes + transient))
+    loop_fixed, loop_per_example = self._device_loop(
+        self.gradient_accumulation_steps)
+    return int(round(self.persistent_bytes + transient + loop_fixed +
+                     loop_per_example * micro_batch))
+
+  def update_bytes(self, batch_size, steps, upcast=False):
+    """Bytes of an update of `batch_size` in `steps` micro-batches.
+
+    Planned from this plan of one micro-batch (K = 1): the micro-step, one
+    float32 accumulator per trainable variable and, compiled, what the
+    device loop adds (`compiled`).
+
+    Args:
+      batch_size: int, examples per update; a multiple of `steps`.
+      steps: int, micro-batches per update.
+      upcast: see `step_bytes`.
+    """
+    if self.gradient_accumulation_steps != 1:
+      raise ValueError('update_bytes plans from a plan without '
+                       'accumulation; this one has K = %d.' %
+                       self.gradient_accumulation_steps)
+    micro_batch = batch_size // steps
+    planned = self.step_bytes(micro_batch, upcast=upcast)
+    if steps > 1:
+      loop_fixed, loop_per_example = self._device_loop(steps)
+      planned += self.parameter_bytes + int(round(
+          loop_fixed + loop_per_example * micro_batch))
+    return planned
+
+  def _device_loop(self, steps):
+    """What accumulation inside the device loop holds beyond the host's.
+
+    Micro-batch 0's gradients (the loop over the other micro-batches starts
+    once they exist, `levers.device_accumulation`, and they are added to
+    the loop's sums after it), and the input of the other micro-batches
+    (the host feeds one per step).
+
+    Args:
+      steps: int, micro-batches per update.
+
+    Returns:
+      (fixed, per micro-batch example) bytes; (0, 0) unless `compiled`
+      and `steps` > 1.
+    """
+    if not self.compiled or steps == 1:
+      return 0.0, 0.0
+    return (float(self.parameter_bytes),
+            (steps - 1) * self.input_bytes_per_example)
 
   def max_batch(self, budget_bytes, multiple_of=1, upcast=False):
     """Largest batch whose step fits in `budget_bytes`, 0 if none.
@@ -138,9 +202,12 @@ class MemoryPlan:
       int, the batch size per device (per update: with accumulation, K
       times the largest micro-batch that fits).
     """
-    room = budget_bytes - self.persistent_bytes
+    loop_fixed, loop_per_example = self._device_loop(
+        self.gradient_accumulation_steps)
+    room = budget_bytes - self.persistent_bytes - loop_fixed
     best = float('inf')
     for fixed, per_example in self._lines(upcast):
+      per_example += loop_per_example
       if per_example <= 0:
         if fixed > room:
           return 0
@@ -199,7 +266,8 @@ def input_specs(input_fn, params=None):
 def memory_plan(model_fn=None, *, network_fn=None, features,
                 labels=tf.TensorSpec([], tf.int32), precision='float32',
                 optimizer=None, params=None, batch_sizes=(8, 16),
-                gradient_accumulation_steps=1, recompute=False, tile=None):
+                gradient_accumulation_steps=1, recompute=False, tile=None,
+                compiled=False):
   """Estimates the memory of one training step on one device.
 
   Give either `model_fn` (a legacy Estimator/TPUEstimator model_fn; it
@@ -233,6 +301,10 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
       with its two minor dimensions padded up to multiples of these, as XLA
       lays them out on a TPU (`platform.tpu.TPU_TILE`; `--fit
       --device=tpu-*` plans so). Keep `batch_sizes` multiples of `rows`.
+    compiled: plan the step as XLA compiles it on a TPU, not as
+      TensorFlow's executor runs it: elementwise chains fused into their
+      reader, variable updates last, and accumulation inside the device
+      loop. `--fit --device=tpu-*` plans so.
 
   Returns:
     A `MemoryPlan`.
@@ -249,7 +321,8 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
       gradient_accumulation_steps, recompute)
   builds = _build_twice(builder, features, labels, precision, batch_sizes,
                         tile)
-  lines, upcast_lines = _transient_lines(builds, batch_sizes, tile)
+  (lines, upcast_lines), input_bytes = _transient_lines(
+      builds, batch_sizes, tile, compiled=compiled)
   fixed, per_example = max(lines, key=lambda line: (line[1], line[0]))
   build1 = builds[0]
   return MemoryPlan(
@@ -259,7 +332,8 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
       bytes_per_example=per_example, lines=tuple(lines),
       upcast_lines=tuple(upcast_lines), batch_sizes=tuple(batch_sizes),
       gradient_accumulation_steps=gradient_accumulation_steps,
-      recompute=recompute)
+      recompute=recompute, compiled=bool(compiled),
+      input_bytes_per_example=input_bytes)
 
 
 def _check_arguments(model_fn, network_fn, optimizer, batch_sizes,
@@ -316,32 +390,38 @@ def _build_twice(builder, features, labels, precision, batch_sizes,
   return builds
 
 
-def _transient_lines(builds, batch_sizes, tile=None):
+def _transient_lines(builds, batch_sizes, tile=None, compiled=False):
   """The step's transient bytes as lines in the batch, from two builds.
 
   Args:
     builds: two `plan_build.Build`s, at `batch_sizes`.
     batch_sizes: the two int batch sizes.
     tile: None, or the TPU tile tensors are padded to.
+    compiled: plan the step as XLA compiles it (`plan_simulate`).
 
   Returns:
-    (lines, upcast_lines): lists of (fixed, per_example) pairs, as in
-    `MemoryPlan`.
+    ((lines, upcast_lines), input bytes per example): lists of (fixed,
+    per_example) pairs, as in `MemoryPlan`, and the float bytes per example
+    of the step's inputs (its placeholders).
   """
   (b1, build1), (b2, build2) = zip(batch_sizes, builds)
+  static_size = lambda t: (float(plan_simulate.tensor_bytes(t, tile)), 0.0)
+  inputs = [sum(plan_simulate.tensor_bytes(t, tile)
+                for t in plan_build.step_inputs(build)) for build in builds]
+  input_bytes = (inputs[1] - inputs[0]) / float(b2 - b1)
   sizes = _linear_sizes(build1, build2, b1, b2, tile)
   if sizes is not None:
-    return plan_simulate.simulate(build1, sizes)
+    return plan_simulate.simulate(build1, sizes, compiled), input_bytes
   # The two graphs differ beyond their shapes (batch-dependent Python
   # code): fall back to a line through the two simulated peaks.
-  static_size = lambda t: (float(plan_simulate.tensor_bytes(t, tile)), 0.0)
-  peaks = [plan_simulate.simulate(build, static_size) for build in builds]
+  peaks = [plan_simulate.simulate(build, static_size, compiled)
+           for build in builds]
   envelopes = []
   for kind in (0, 1):
     first, second = peaks[0][kind][0][0], peaks[1][kind][0][0]
     per_example = (second - first) / (b2 - b1)
     envelopes.append([(first - per_example * b1, per_example)])
-  return tuple(envelopes)
+  return tuple(envelopes), input_bytes
 
 
 def _linear_sizes(build1, build2, b1, b2, tile=None):

@@ -125,6 +125,11 @@ VARIABLE_OPS = frozenset(['VarHandleOp', 'VariableV2', 'Variable'])
 READ_VARIABLE_OP = 'ReadVariableOp'
 VARIABLE_READ_OPS = frozenset([READ_VARIABLE_OP, 'ResourceGather',
                                'ResourceGatherNd', 'VariableShape'])
+# Ops that write a variable: assignments, and an optimizer's update, one
+# fused kernel per optimizer whose type starts with the prefix.
+VARIABLE_WRITE_OPS = frozenset(['AssignVariableOp', 'AssignAddVariableOp',
+                                'AssignSubVariableOp'])
+OPTIMIZER_UPDATE_PREFIX = 'ResourceApply'
 # Ops through which a tensor is still "a read of this variable".
 READ_THROUGH_OPS = frozenset([READ_VARIABLE_OP, 'Identity', 'Enter',
                               'TPUReplicatedInput'])

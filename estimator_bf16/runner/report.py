@@ -157,7 +157,8 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
     here: plan for training on this machine (`run --fit`): on a CPU that
       emulates bfloat16, with the float32 copies its matmuls make and the
       planner's wider margin there. False plans a TPU core (`check`).
-    tpu: the budget is a TPU core's (`--device=tpu-*`): tensors are planned
+    tpu: the budget is a TPU core's (`--device=tpu-*`): the step is
+      planned as XLA compiles it for a TPU (`compiled`), with tensors
       padded to the TPU's tiles (`platform.tpu.TPU_TILE`).
 
   Returns:
@@ -174,7 +175,8 @@ def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
                               labels=train_graph.labels,
                               params=train_graph.params,
                               precisions=precisions,
-                              tile=tpu_facts.TPU_TILE if tpu else None)
+                              tile=tpu_facts.TPU_TILE if tpu else None,
+                              compiled=tpu)
   upcast = (here and not train_graph.use_tpu and
             cpu_bfloat16.emulated_kernels())
   images = any(spec.dtype.is_floating and (spec.shape.rank or 0) >= 3

@@ -106,7 +106,7 @@ def xla_check(train_graph, result):
           train_graph.model_fn, features=train_graph.features,
           labels=train_graph.labels, precision=precision,
           params=train_graph.params, gradient_accumulation_steps=steps,
-          recompute=recompute)
+          recompute=recompute, compiled=True)
       planned = plan.step_bytes(batch)
     except Exception as e:  # pylint: disable=broad-except
       plan_error = '%s: %s' % (type(e).__name__, str(e).splitlines()[0])
