@@ -252,17 +252,30 @@ def xla_lines(results):
   rows = results.get('xla_planner')
   if rows:
     lines += _table(
-        '**The planner against XLA** (bytes of one step; error = planned / '
-        'XLA - 1; K micro-batches of batch / K; XLA bf16 products: its '
-        'matmuls and convolutions computed in bfloat16, of all):',
+        '**The planner against XLA** (bytes of one step; planned as XLA '
+        'compiles the step, `compiled=True`, and as TensorFlow\'s executor '
+        'runs it; error = planned / XLA - 1; K micro-batches of batch / K; '
+        'XLA bf16 products: its matmuls and convolutions computed in '
+        'bfloat16, of all):',
         ['model', 'batch', 'precision', 'levers', 'K', 'XLA MiB',
-         'planned MiB', 'error', 'XLA bf16 products'],
+         'planned MiB', 'error', 'executor plan MiB', 'its error',
+         'XLA bf16 products'],
         [[row['model'], '%d' % row['batch'], row['precision'],
           row['levers'], '%d' % row['steps'], '%.0f' % row['xla_mib'],
           '%.0f' % row['planned_mib'], '%+.1f%%' % (100 * row['error']),
+          _mib(row.get('executor_mib')),
+          _percent(row.get('executor_error')),
           _products(row.get('xla_products'))]
          for row in rows])
   return lines
+
+
+def _mib(value):
+  return '-' if value is None else '%.0f' % value
+
+
+def _percent(ratio):
+  return '-' if ratio is None else '%+.1f%%' % (100 * ratio)
 
 
 def _products(counts):

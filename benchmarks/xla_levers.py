@@ -8,7 +8,9 @@ reads XLA's bytes for one step from its buffer assignment. Two tables:
     compiled and kept open in one process: XLA's bytes, and the step time
     ratio over loops run turn about (the median of the rounds' ratios);
   * `planner_rows`: for each lever combination and precision, the
-    planner's bytes for the step (`planning.plan_model`) beside XLA's.
+    planner's bytes for the step beside XLA's: planned as XLA compiles it
+    (`compiled=True`, what `check --fit --device=tpu-*` plans) and as
+    TensorFlow's executor runs it.
 
 XLA's CPU compiler is the stand-in for a TPU compile: it fuses and assigns
 buffers as XLA does, but keeps its own scheduler and pads nothing to TPU
@@ -91,21 +93,24 @@ def planner_rows(spec, batch_size, precisions=policy.PRECISIONS,
 
   Returns:
     list of dicts: 'model', 'batch', 'precision', 'levers', 'steps',
-    'xla_mib', 'planned_mib', 'error' (planned / XLA - 1), 'xla_products'
-    ({HLO type: count} of XLA's matmuls and convolutions).
+    'xla_mib', 'planned_mib' (compiled), 'error' (planned / XLA - 1),
+    'executor_mib' and 'executor_error' (the executor's plan),
+    'xla_products' ({HLO type: count} of XLA's matmuls and convolutions).
   """
   rows = []
   for precision in precisions:
     for name, steps, recompute in combinations:
       step = xla_step_of(spec, precision, batch_size, steps, recompute)
-      plan = planning.plan_model(spec, precision,
-                                 gradient_accumulation_steps=steps,
-                                 recompute=recompute)
-      planned = plan.step_bytes(batch_size)
+      planned = {compiled: planning.plan_model(
+          spec, precision, gradient_accumulation_steps=steps,
+          recompute=recompute, compiled=compiled).step_bytes(batch_size)
+                 for compiled in (True, False)}
       rows.append({
           'model': spec.name, 'batch': batch_size, 'precision': precision,
           'levers': name, 'steps': steps, 'xla_mib': step.step_bytes / MiB,
-          'planned_mib': planned / MiB,
-          'error': planned / step.step_bytes - 1,
+          'planned_mib': planned[True] / MiB,
+          'error': planned[True] / step.step_bytes - 1,
+          'executor_mib': planned[False] / MiB,
+          'executor_error': planned[False] / step.step_bytes - 1,
           'xla_products': step.product_dtypes})
   return rows

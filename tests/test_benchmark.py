@@ -713,6 +713,8 @@ def test_xla_tables_are_the_quotients_they_name(tmp_path):
     assert _positive_finite(row['xla_mib'])
     assert row['error'] == pytest.approx(
         row['planned_mib'] / row['xla_mib'] - 1)
+    assert row['executor_error'] == pytest.approx(
+        row['executor_mib'] / row['xla_mib'] - 1)
     assert set(row['xla_products']) <= {'f32', 'bf16'}
     if row['precision'] == 'float32':
       assert row['xla_products'].get('bf16', 0) == 0
