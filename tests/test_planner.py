@@ -316,6 +316,7 @@ class CompiledPlanTest(parameterized.TestCase):
     self.assertLessEqual(plans[True].step_bytes(batch), budget)
     self.assertGreater(plans[True].step_bytes(batch + 4), budget)
     self.assertLess(batch, plans[False].max_batch(budget))
+    self.assertEqual(single.with_accumulation(4).max_batch(budget), batch)
 
   def test_update_bytes_needs_a_plan_without_accumulation(self):
     accumulated = planner.memory_plan(
@@ -323,6 +324,8 @@ class CompiledPlanTest(parameterized.TestCase):
         gradient_accumulation_steps=2)
     with self.assertRaisesRegex(ValueError, 'K = 2'):
       accumulated.update_bytes(64, 2)
+    with self.assertRaisesRegex(ValueError, 'K = 2'):
+      accumulated.with_accumulation(2)
 
 
 @pytest.mark.slow

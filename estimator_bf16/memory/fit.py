@@ -375,7 +375,9 @@ def largest_batches(result):
   Returns:
     list of `LargestBatch` in `plan_order`: each precision with and without
     recompute at K = 1 and, where accumulation is planned, the largest
-    micro-batch next to the accumulators. The budget is less the margin,
+    micro-batch next to the accumulators (at K = 2 for a plan compiled for
+    a TPU, whose device loop also holds the other micro-batches' input:
+    each further one lowers it a little). The budget is less the margin,
     as in `fit`.
   """
   room = int(result.room_bytes)
@@ -387,7 +389,7 @@ def largest_batches(result):
       continue
     rows.append(LargestBatch(
         precision, recompute, True,
-        plan.max_batch(room - plan.parameter_bytes, upcast=result.upcast)))
+        plan.with_accumulation(2).max_batch(room, upcast=result.upcast) // 2))
   return rows
 
 

@@ -145,29 +145,41 @@ class MemoryPlan:
     return int(round(self.persistent_bytes + transient + loop_fixed +
                      loop_per_example * micro_batch))
 
-  def update_bytes(self, batch_size, steps, upcast=False):
-    """Bytes of an update of `batch_size` in `steps` micro-batches.
+  def with_accumulation(self, steps):
+    """This plan of one micro-batch (K = 1) as an update of `steps` of them.
 
-    Planned from this plan of one micro-batch (K = 1): the micro-step, one
-    float32 accumulator per trainable variable and, compiled, what the
-    device loop adds (`compiled`).
+    The returned plan's batches are updates of `steps` micro-batches, and
+    one float32 accumulator per trainable variable counts as a slot, as in
+    a plan built with `gradient_accumulation_steps=steps`; compiled, it
+    also counts what the device loop holds (`compiled`).
+
+    Args:
+      steps: int >= 1, micro-batches per update.
+
+    Raises:
+      ValueError: this plan already has accumulation.
+    """
+    if self.gradient_accumulation_steps != 1:
+      raise ValueError('with_accumulation plans from a plan without '
+                       'accumulation; this one has K = %d.' %
+                       self.gradient_accumulation_steps)
+    if steps == 1:
+      return self
+    return dataclasses.replace(
+        self, slot_bytes=self.slot_bytes + self.parameter_bytes,
+        gradient_accumulation_steps=steps)
+
+  def update_bytes(self, batch_size, steps, upcast=False):
+    """Bytes of an update of `batch_size` in `steps` micro-batches, planned
+    from this plan of one micro-batch (`with_accumulation`).
 
     Args:
       batch_size: int, examples per update; a multiple of `steps`.
       steps: int, micro-batches per update.
       upcast: see `step_bytes`.
     """
-    if self.gradient_accumulation_steps != 1:
-      raise ValueError('update_bytes plans from a plan without '
-                       'accumulation; this one has K = %d.' %
-                       self.gradient_accumulation_steps)
-    micro_batch = batch_size // steps
-    planned = self.step_bytes(micro_batch, upcast=upcast)
-    if steps > 1:
-      loop_fixed, loop_per_example = self._device_loop(steps)
-      planned += self.parameter_bytes + int(round(
-          loop_fixed + loop_per_example * micro_batch))
-    return planned
+    return self.with_accumulation(steps).step_bytes(batch_size,
+                                                    upcast=upcast)
 
   def _device_loop(self, steps):
     """What accumulation inside the device loop holds beyond the host's.
