@@ -212,7 +212,7 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
       accumulation (see `lever_plans`); accumulation is planned from them
       (`MemoryPlan.update_bytes`): the micro-batch's step plus one float32
       copy of the trainable variables (the accumulators) and, for a plan
-      compiled for a TPU, the input of the whole update.
+      compiled for a TPU, what its device loop holds besides.
     batch_per_core: int, examples per update per core.
     budget_bytes: int, memory of one core.
     margin: float >= 0; an option fits when `planned x (1 + margin)` is

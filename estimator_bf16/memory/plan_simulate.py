@@ -17,7 +17,7 @@ With `compiled=True` it plans the step as XLA compiles it instead:
     chain such as GELU, the layer-norm arithmetic or a dropout mask
     computes in registers and only the chain's last result gets a buffer.
     An elementwise op whose readers are all elementwise, reductions or
-    rearrangements (`FUSING_OPS`) gets no buffer here; each reader reads
+    rearrangements (`_FUSING_OPS`) gets no buffer here; each reader reads
     its inputs in its place (they live until the last such reader ran).
   * XLA keeps no control dependencies and its schedule puts the variable
     updates after the backprop (seen in the CPU compile's buffer
@@ -70,7 +70,7 @@ _FUSED_OPS = _FORWARDING_OPS | op_lists.COMPARISON_OPS | frozenset([
     'Cast', 'Equal', 'NotEqual', 'LogicalAnd', 'LogicalOr', 'LogicalNot',
     'OnesLike', 'ZerosLike', 'FloorDiv', 'FloorMod',
 ])
-FUSING_OPS = _FUSED_OPS | frozenset([
+_FUSING_OPS = _FUSED_OPS | frozenset([
     'Sum', 'Mean', 'Max', 'Min', 'Prod', 'BiasAddGrad', 'Transpose',
     'Reshape', 'ExpandDims', 'Squeeze', 'Tile', 'BroadcastTo',
 ])
@@ -152,7 +152,7 @@ def _fused(needed):
     if op.type not in _FUSED_OPS or len(op.outputs) != 1:
       continue
     users = readers.get(op.outputs[0], ())
-    if users and all(user.type in FUSING_OPS for user in users):
+    if users and all(user.type in _FUSING_OPS for user in users):
       fused.add(op)
   return frozenset(fused)
 

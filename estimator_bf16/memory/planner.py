@@ -417,7 +417,6 @@ def _transient_lines(builds, batch_sizes, tile=None, compiled=False):
     of the step's inputs (its placeholders).
   """
   (b1, build1), (b2, build2) = zip(batch_sizes, builds)
-  static_size = lambda t: (float(plan_simulate.tensor_bytes(t, tile)), 0.0)
   inputs = [sum(plan_simulate.tensor_bytes(t, tile)
                 for t in plan_build.step_inputs(build)) for build in builds]
   input_bytes = (inputs[1] - inputs[0]) / float(b2 - b1)
@@ -426,6 +425,7 @@ def _transient_lines(builds, batch_sizes, tile=None, compiled=False):
     return plan_simulate.simulate(build1, sizes, compiled), input_bytes
   # The two graphs differ beyond their shapes (batch-dependent Python
   # code): fall back to a line through the two simulated peaks.
+  static_size = lambda t: (float(plan_simulate.tensor_bytes(t, tile)), 0.0)
   peaks = [plan_simulate.simulate(build, static_size, compiled)
            for build in builds]
   envelopes = []
