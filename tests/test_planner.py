@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from estimator_bf16.memory import peak as peak_memory
 from estimator_bf16.memory import plan_build
+from estimator_bf16.memory import plan_simulate
 from estimator_bf16.memory import planner
 from estimator_bf16.platform import cpu_bfloat16
 from benchmarks import configs
@@ -292,6 +293,25 @@ class CompiledPlanTest(parameterized.TestCase):
                     plans[False].bytes_per_example - 2 * width)
     self.assertEqual(plans[True].persistent_bytes,
                      plans[False].persistent_bytes)
+
+  def test_a_long_chain_with_repeated_reads_is_one_buffer(self):
+    # 2000 steps of y = y * y + x: each reads y twice and x once; longer
+    # than Python's stack, and a diamond at every step.
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf.compat.v1.placeholder(tf.float32, [8, 1024])
+      y = x
+      for _ in range(2000):
+        y = y * y + x
+      total = tf.reduce_sum(y)
+    build = plan_build.Build(graph, (total.op,), 0, 0, 0)
+    size = lambda t: (float(plan_simulate.tensor_bytes(t)), 0.0)
+    peak = lambda lines: max(fixed for fixed, _ in lines)
+    executed, _ = plan_simulate.simulate(build, size)
+    compiled, _ = plan_simulate.simulate(build, size, compiled=True)
+    # Fused into the sum: only x (32 KiB) and the scalar result.
+    self.assertEqual(peak(compiled), 8 * 1024 * 4 + 4)
+    self.assertGreaterEqual(peak(executed), 2 * 8 * 1024 * 4)
 
   def test_a_loop_on_the_device_holds_the_update_s_input(self):
     plans = {compiled: planner.memory_plan(

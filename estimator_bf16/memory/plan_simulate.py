@@ -158,7 +158,13 @@ def _fused(needed):
 
 
 class _Reads:
-  """The buffers each op reads: a fused input stands for its own inputs."""
+  """The buffers each op reads: a fused input stands for its own inputs.
+
+  Each op's list holds a tensor once, however often the op or its fused
+  inputs read it (a GELU reads its input five times): counting and
+  finishing the reads with the same list keeps them paired, and chains of
+  fused ops do not multiply the list.
+  """
 
   def __init__(self, fused):
     self._fused = fused
@@ -166,14 +172,25 @@ class _Reads:
 
   def of(self, op):
     """The tensors with buffers that `op` reads, in input order."""
-    if op not in self._memo:
-      tensors = []
-      for tensor in op.inputs:
-        if tensor.op in self._fused:
-          tensors.extend(self.of(tensor.op))
-        else:
-          tensors.append(tensor)
-      self._memo[op] = tensors
+    # Iterative: a chain of fused ops can be longer than Python's stack.
+    stack = [op]
+    while stack:
+      top = stack[-1]
+      if top in self._memo:
+        stack.pop()
+        continue
+      waiting = [t.op for t in top.inputs
+                 if t.op in self._fused and t.op not in self._memo]
+      if waiting:
+        stack.extend(waiting)
+        continue
+      stack.pop()
+      tensors = {}  # an ordered set
+      for tensor in top.inputs:
+        parts = (self._memo[tensor.op] if tensor.op in self._fused
+                 else (tensor,))
+        tensors.update((part, None) for part in parts)
+      self._memo[top] = tuple(tensors)
     return self._memo[op]
 
 
