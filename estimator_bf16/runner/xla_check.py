@@ -145,7 +145,8 @@ def report_lines(result):
           (step.total_bytes - step.variable_bytes - step.step_bytes)
           / fit_lib.MiB)]
   if check.planned_bytes:
-    lines.append('  planned: %.1f MiB (%+.1f%% of XLA\'s figure)' % (
+    lines.append('  planned as XLA compiles it: %.1f MiB (%+.1f%% of XLA\'s '
+                 'figure)' % (
         check.planned_bytes / fit_lib.MiB,
         100.0 * (check.planned_bytes / step.step_bytes - 1)))
   elif check.plan_error:
