@@ -313,6 +313,29 @@ class CompiledPlanTest(parameterized.TestCase):
     self.assertEqual(peak(compiled), 8 * 1024 * 4 + 4)
     self.assertGreaterEqual(peak(executed), 2 * 8 * 1024 * 4)
 
+  def test_which_results_read_twice_are_computed_in_each_reader(self):
+    # A dropout mask read in the forward pass and again in backprop (as
+    # recompute keeps it): computing it again in both places would keep
+    # the float32 random numbers (4 bytes each) instead of the booleans.
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf.compat.v1.placeholder(tf.float32, [8, 1024])
+      noise = tf.random.uniform([8, 1024])
+      mask = noise >= 0.1
+      scaled = x * 2.0
+      curved = tf.tanh(x)
+      early = tf.reduce_sum(tf.cast(mask, tf.float32) * x + curved)
+      late = tf.reduce_sum(tf.cast(mask, tf.float32) * scaled - curved)
+      total = early + late
+    ops = plan_simulate.recompute_path.ancestor_ops([total.op],
+                                                    control_inputs=True)
+    fused = plan_simulate._fused(ops)  # pylint: disable=protected-access
+    self.assertNotIn(mask.op, fused)
+    # Read twice, no larger than its input and cheap: computed in each
+    # reader. A transcendental function XLA computes once.
+    self.assertIn(scaled.op, fused)
+    self.assertNotIn(curved.op, fused)
+
   def test_a_loop_on_the_device_holds_the_update_s_input(self):
     plans = {compiled: planner.memory_plan(
         network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',

@@ -19,6 +19,8 @@ With `compiled=True` it plans the step as XLA compiles it instead:
     An elementwise op whose readers are all elementwise, reductions or
     rearrangements (`_FUSING_OPS`) gets no buffer here; each reader reads
     its inputs in its place (they live until the last such reader ran).
+    With several readers, only a cheap op (not `_EXPENSIVE_OPS`) whose
+    inputs are no larger than its result is computed again in each.
   * XLA keeps no control dependencies and its schedule puts the variable
     updates after the backprop (seen in the CPU compile's buffer
     assignment, where every weight gradient is live at the end of the
@@ -69,6 +71,14 @@ _NO_BYTES = (0.0, 0.0)
 _FUSED_OPS = _FORWARDING_OPS | op_lists.COMPARISON_OPS | frozenset([
     'Cast', 'Equal', 'NotEqual', 'LogicalAnd', 'LogicalOr', 'LogicalNot',
     'OnesLike', 'ZerosLike', 'FloorDiv', 'FloorMod',
+])
+# Elementwise ops XLA does not compute again in a second reader (its
+# instruction fusion's "expensive" ops: transcendental functions and
+# division): with several readers their result gets a buffer.
+_EXPENSIVE_OPS = frozenset([
+    'Div', 'DivNoNan', 'Elu', 'Erf', 'Exp', 'Gelu', 'Log', 'Log1p', 'Pow',
+    'RealDiv', 'Reciprocal', 'Rsqrt', 'Selu', 'Sigmoid', 'Softplus', 'Sqrt',
+    'SqrtGrad', 'Tanh',
 ])
 _FUSING_OPS = _FUSED_OPS | frozenset([
     'Sum', 'Mean', 'Max', 'Min', 'Prod', 'BiasAddGrad', 'Transpose',
@@ -151,8 +161,20 @@ def _fused(needed):
   for op in needed:
     if op.type not in _FUSED_OPS or len(op.outputs) != 1:
       continue
-    users = readers.get(op.outputs[0], ())
-    if users and all(user.type in _FUSING_OPS for user in users):
+    users = set(readers.get(op.outputs[0], ()))
+    if not users or not all(user.type in _FUSING_OPS for user in users):
+      continue
+    if len(users) == 1:
+      fused.add(op)
+      continue
+    # Computed again inside each of several readers, the op keeps its
+    # inputs alive until the last of them: only a cheap op, and only where
+    # its inputs are no larger than its own result. (A dropout mask that
+    # recompute keeps as booleans would otherwise keep the float32 random
+    # numbers it compares.)
+    inputs = set(t for t in op.inputs if t.op.type not in _PERSISTENT_OPS)
+    if op.type not in _EXPENSIVE_OPS and sum(
+        map(tensor_bytes, inputs)) <= tensor_bytes(op.outputs[0]):
       fused.add(op)
   return frozenset(fused)
 
