@@ -24,8 +24,8 @@ With `compiled=True` it plans the step as XLA compiles it instead:
   * XLA keeps no control dependencies and its schedule puts the variable
     updates after the backprop (seen in the CPU compile's buffer
     assignment, where every weight gradient is live at the end of the
-    step; on a TPU the cross-replica sums of the gradients come first as
-    well): here updates run only when nothing else can.
+    step; no TPU's was seen): here updates run only when nothing else
+    can.
 """
 
 import heapq
