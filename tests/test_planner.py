@@ -313,6 +313,25 @@ class CompiledPlanTest(parameterized.TestCase):
     self.assertEqual(peak(compiled), 8 * 1024 * 4 + 4)
     self.assertGreaterEqual(peak(executed), 2 * 8 * 1024 * 4)
 
+  def test_an_executed_op_reading_a_tensor_twice_does_not_write_into_it(
+      self):
+    # TensorFlow's square-by-multiply cannot take over its input's buffer
+    # (the buffer has two references): both are live while it runs. (XLA
+    # fuses the relu into the multiply, which may write in place.)
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf.compat.v1.placeholder(tf.float32, [8, 1024])
+      shifted = tf.nn.relu(x)
+      squared = shifted * shifted
+      total = tf.reduce_sum(tf.matmul(squared, tf.ones([1024, 1])))
+    build = plan_build.Build(graph, (total.op,), 0, 0, 0)
+    size = lambda t: (float(plan_simulate.tensor_bytes(t)), 0.0)
+    lines, _ = plan_simulate.simulate(build, size)
+    # x may die into `shifted` (it is read once), `shifted` not into
+    # `squared`: two 32 KiB buffers.
+    self.assertGreaterEqual(max(fixed for fixed, _ in lines),
+                            2 * 8 * 1024 * 4)
+
   def test_which_results_read_twice_are_computed_in_each_reader(self):
     # A dropout mask read in the forward pass and again in backprop (as
     # recompute keeps it): computing it again in both places would keep
@@ -352,8 +371,9 @@ class CompiledPlanTest(parameterized.TestCase):
     single = planner.memory_plan(
         network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',
         compiled=True)
-    self.assertEqual(single.update_bytes(1024, 1), single.step_bytes(1024))
-    self.assertEqual(single.update_bytes(1024, 4), device)
+    self.assertEqual(single.with_accumulation(1).step_bytes(1024),
+                     single.step_bytes(1024))
+    self.assertEqual(single.with_accumulation(4).step_bytes(1024), device)
     budget = 64 * 2**20
     batch = plans[True].max_batch(budget)
     self.assertLessEqual(plans[True].step_bytes(batch), budget)
@@ -361,12 +381,10 @@ class CompiledPlanTest(parameterized.TestCase):
     self.assertLess(batch, plans[False].max_batch(budget))
     self.assertEqual(single.with_accumulation(4).max_batch(budget), batch)
 
-  def test_update_bytes_needs_a_plan_without_accumulation(self):
+  def test_with_accumulation_needs_a_plan_without_accumulation(self):
     accumulated = planner.memory_plan(
         network_fn=_network, features={'image': _IMAGE}, optimizer='sgd',
         gradient_accumulation_steps=2)
-    with self.assertRaisesRegex(ValueError, 'K = 2'):
-      accumulated.update_bytes(64, 2)
     with self.assertRaisesRegex(ValueError, 'K = 2'):
       accumulated.with_accumulation(2)
 

@@ -182,10 +182,12 @@ def _fused(needed):
 class _Reads:
   """The buffers each op reads: a fused input stands for its own inputs.
 
-  Each op's list holds a tensor once, however often the op or its fused
-  inputs read it (a GELU reads its input five times): counting and
-  finishing the reads with the same list keeps them paired, and chains of
-  fused ops do not multiply the list.
+  An op's own inputs are listed as it reads them, twice where it reads a
+  tensor twice (`x * x`, which TensorFlow's kernels then cannot write into
+  `x`'s buffer). What its fused inputs read is added once per tensor not
+  already listed, however often the chain reads it (a GELU reads its input
+  five times), so that chains of fused ops do not multiply the list.
+  Counting and finishing the reads with the same list keeps them paired.
   """
 
   def __init__(self, fused):
@@ -193,7 +195,8 @@ class _Reads:
     self._memo = {}
 
   def of(self, op):
-    """The tensors with buffers that `op` reads, in input order."""
+    """The tensors with buffers that `op` reads: its own inputs in their
+    order, then those its fused inputs add."""
     # Iterative: a chain of fused ops can be longer than Python's stack.
     stack = [op]
     while stack:
@@ -207,11 +210,14 @@ class _Reads:
         stack.extend(waiting)
         continue
       stack.pop()
-      tensors = {}  # an ordered set
+      tensors = [t for t in top.inputs if t.op not in self._fused]
+      listed = set(tensors)
       for tensor in top.inputs:
-        parts = (self._memo[tensor.op] if tensor.op in self._fused
-                 else (tensor,))
-        tensors.update((part, None) for part in parts)
+        if tensor.op in self._fused:
+          for part in self._memo[tensor.op]:
+            if part not in listed:
+              listed.add(part)
+              tensors.append(part)
       self._memo[top] = tuple(tensors)
     return self._memo[op]
 
