@@ -263,19 +263,12 @@ def xla_lines(results):
         [[row['model'], '%d' % row['batch'], row['precision'],
           row['levers'], '%d' % row['steps'], '%.0f' % row['xla_mib'],
           '%.0f' % row['planned_mib'], '%+.1f%%' % (100 * row['error']),
-          _mib(row.get('executor_mib')),
-          _percent(row.get('executor_error')),
+          _fmt(row.get('executor_mib'), '%.0f', '-'),
+          _fmt(None if row.get('executor_error') is None
+               else 100 * row['executor_error'], '%+.1f%%', '-'),
           _products(row.get('xla_products'))]
          for row in rows])
   return lines
-
-
-def _mib(value):
-  return '-' if value is None else '%.0f' % value
-
-
-def _percent(ratio):
-  return '-' if ratio is None else '%+.1f%%' % (100 * ratio)
 
 
 def _products(counts):

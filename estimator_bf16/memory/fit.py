@@ -210,9 +210,9 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
   Args:
     plans: {(precision, recompute): `MemoryPlan`} built without
       accumulation (see `lever_plans`); accumulation is planned from them
-      (`MemoryPlan.update_bytes`): the micro-batch's step plus one float32
-      copy of the trainable variables (the accumulators) and, for a plan
-      compiled for a TPU, what its device loop holds besides.
+      (`MemoryPlan.with_accumulation`): the micro-batch's step plus one
+      float32 copy of the trainable variables (the accumulators) and, for a
+      plan compiled for a TPU, what its device loop holds besides.
     batch_per_core: int, examples per update per core.
     budget_bytes: int, memory of one core.
     margin: float >= 0; an option fits when `planned x (1 + margin)` is
@@ -257,7 +257,8 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
   for (precision, recompute), plan in sorted_plans(plans):
     for steps in all_steps:
       micro = batch_per_core // steps
-      planned = plan.update_bytes(batch_per_core, steps, upcast=upcast)
+      planned = plan.with_accumulation(steps).step_bytes(batch_per_core,
+                                                         upcast=upcast)
       options.append(Option(
           precision=precision, gradient_accumulation_steps=steps,
           recompute=recompute, micro_batch=micro, planned_bytes=planned,

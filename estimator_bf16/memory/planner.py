@@ -140,8 +140,7 @@ class MemoryPlan:
     """
     micro_batch = batch_size / float(self.gradient_accumulation_steps)
     transient = max(a + c * micro_batch for a, c in self._lines(upcast))
-    loop_fixed, loop_per_example = self._device_loop(
-        self.gradient_accumulation_steps)
+    loop_fixed, loop_per_example = self._device_loop()
     return int(round(self.persistent_bytes + transient + loop_fixed +
                      loop_per_example * micro_batch))
 
@@ -169,19 +168,7 @@ class MemoryPlan:
         self, slot_bytes=self.slot_bytes + self.parameter_bytes,
         gradient_accumulation_steps=steps)
 
-  def update_bytes(self, batch_size, steps, upcast=False):
-    """Bytes of an update of `batch_size` in `steps` micro-batches, planned
-    from this plan of one micro-batch (`with_accumulation`).
-
-    Args:
-      batch_size: int, examples per update; a multiple of `steps`.
-      steps: int, micro-batches per update.
-      upcast: see `step_bytes`.
-    """
-    return self.with_accumulation(steps).step_bytes(batch_size,
-                                                    upcast=upcast)
-
-  def _device_loop(self, steps):
+  def _device_loop(self):
     """What accumulation inside the device loop holds beyond the host's.
 
     Micro-batch 0's gradients (the loop over the other micro-batches starts
@@ -189,13 +176,11 @@ class MemoryPlan:
     the loop's sums after it), and the input of the other micro-batches
     (the host feeds one per step).
 
-    Args:
-      steps: int, micro-batches per update.
-
     Returns:
       (fixed, per micro-batch example) bytes; (0, 0) unless `compiled`
-      and `steps` > 1.
+      and K > 1.
     """
+    steps = self.gradient_accumulation_steps
     if not self.compiled or steps == 1:
       return 0.0, 0.0
     return (float(self.parameter_bytes),
@@ -214,8 +199,7 @@ class MemoryPlan:
       int, the batch size per device (per update: with accumulation, K
       times the largest micro-batch that fits).
     """
-    loop_fixed, loop_per_example = self._device_loop(
-        self.gradient_accumulation_steps)
+    loop_fixed, loop_per_example = self._device_loop()
     room = budget_bytes - self.persistent_bytes - loop_fixed
     best = float('inf')
     for fixed, per_example in self._lines(upcast):
