@@ -203,7 +203,7 @@ def recipe_for(program, commit):
 
 def _jpeg_records(path, count, seed, size=80):
   # pylint: disable=g-import-not-at-top
-  from tests import record_writers
+  from tests.support import record_writers
   # pylint: enable=g-import-not-at-top
   rng = np.random.RandomState(seed)
   images = [rng.randint(0, 256, size=(size, size, 3)).astype(np.uint8)

@@ -5,7 +5,7 @@
 # Each virtualenv is created (pinned, then the package in editable mode) on
 # first use, and again when its requirements file or setup.py changes.
 # Both venvs are created before any test runs, because the cross-version
-# test in tests/test_compat_backend.py drives the other one in a subprocess.
+# test in tests/compat/test_compat_backend.py drives the other one in a subprocess.
 #
 # Usage: scripts/test_matrix.sh [all|tf215|tf-latest] [extra pytest args]
 #   PYTHON=python3.11 picks the interpreter for new venvs (scripts/make_venv.sh).
@@ -54,16 +54,16 @@ run_tf215() {
 # unmodified through the compat backend), the compat backend itself, and the
 # reference models trained through make_tpu_estimator.
 TF_LATEST_DEFAULT=(
-  tests/test_casting.py tests/test_scope_and_float32_list.py
-  tests/test_audit.py tests/test_wrappers.py tests/test_adafactor.py
-  tests/test_estimator.py tests/test_tf_check.py tests/test_compat_backend.py
-  tests/test_resnet.py tests/test_bert.py tests/test_train_cli.py
-  tests/test_runner.py tests/test_autocast.py tests/test_styles.py
-  tests/test_cpu.py tests/test_distribute.py tests/test_multi_worker.py
-  tests/test_gelu_gradient.py tests/test_step_deadline.py tests/test_tf1.py
-  tests/test_quiet.py tests/test_progress.py tests/test_accumulation.py
-  tests/test_recompute.py tests/test_fit.py tests/test_cpu_kernels.py
-  tests/test_xla_step.py tests/test_keras_to_estimator.py
+  tests/precision/test_casting.py tests/precision/test_scope_and_float32_list.py
+  tests/safety/test_audit.py tests/estimator/test_wrappers.py tests/optimizers/test_adafactor.py
+  tests/estimator/test_estimator.py tests/estimator/test_tf_check.py tests/compat/test_compat_backend.py
+  tests/models/test_resnet.py tests/models/test_bert.py tests/apps/test_train_cli.py
+  tests/runner/test_runner.py tests/autocast/test_autocast.py tests/models/test_styles.py
+  tests/platform/test_cpu.py tests/distribute/test_distribute.py tests/distribute/test_multi_worker.py
+  tests/autocast/test_gelu_gradient.py tests/compat/test_step_deadline.py tests/runner/test_tf1.py
+  tests/platform/test_quiet.py tests/apps/test_progress.py tests/levers/test_accumulation.py
+  tests/levers/test_recompute.py tests/memory/test_fit.py tests/autocast/test_cpu_kernels.py
+  tests/memory/test_xla_step.py tests/compat/test_keras_to_estimator.py
   tests/test_corpus.py
 )
 TF_LATEST_DESELECT=()
@@ -84,7 +84,7 @@ run_tf_latest() {
   done
   echo "test_matrix: newest TensorFlow (.venv-tf-latest): ${tests[*]}" >&2
   TF_USE_LEGACY_KERAS=1 pytest_in_two_parts .venv-tf-latest/bin/python \
-    "${tests[@]}" -p tests.compat_install_plugin "${deselect[@]}" "$@"
+    "${tests[@]}" -p tests.support.compat_install_plugin "${deselect[@]}" "$@"
 }
 
 case "$WHICH" in

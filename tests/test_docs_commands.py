@@ -28,7 +28,7 @@ _BLOCK = re.compile(r'^```sh\n(.*?)^```', re.S | re.M)
 _NOT_RUN = {
     ('README.md', 'make demo'):
         'the README\'s two commands: CI runs `make test`, and '
-        'tests/test_demo.py the demo program',
+        'tests/apps/test_demo.py the demo program',
     ('docs/benchmarks.md', '.venv/bin/python scripts/benchmark.py'):
         '15 minutes to hours of benchmarking; tests/test_benchmark.py runs '
         'the same code at small sizes',
@@ -40,10 +40,10 @@ _NOT_RUN = {
     ('docs/compat.md', 'scripts/test_matrix.sh'):
         'the suite itself: `make test` runs it',
     ('docs/tpu.md', 'gcloud'):
-        'needs a Google Cloud project; tests/test_tpu_submit.py runs '
+        'needs a Google Cloud project; tests/apps/test_tpu_submit.py runs '
         'tpu-submit against a stand-in gcloud',
     ('docs/tpu.md', 'tpu-submit vertex'):
-        'needs a Google Cloud project; tests/test_tpu_submit.py runs '
+        'needs a Google Cloud project; tests/apps/test_tpu_submit.py runs '
         'tpu-submit against a stand-in gcloud',
 }
 # The promise: every documented block finishes in 2 minutes, on a CPU with

@@ -45,7 +45,7 @@ COSTS = {'float32': 1.7, 'recompute': 1.2, 'accumulation': 1.0}
 # What the plan may miss by: the planner is within 10% of the measured peak
 # of the step's tensors in 39 of the 40 lever combinations of the
 # benchmark's fit section (the worst: -10.2%, a 34 MiB conv net) and in
-# tests/test_planner.py, and within 15% where the CPU emulates bfloat16.
+# tests/memory/test_planner.py, and within 15% where the CPU emulates bfloat16.
 # An option fits when its plan plus this margin is within the budget.
 PLAN_MARGIN = 0.10
 EMULATED_PLAN_MARGIN = 0.15
