@@ -5,16 +5,19 @@
 # Each virtualenv is created (pinned, then the package in editable mode) on
 # first use, and again when its requirements file or setup.py changes.
 # Both venvs are created before any test runs, because the cross-version
-# test in tests/compat/test_compat_backend.py drives the other one in a subprocess.
+# test in tests/compat/test_compat_backend.py drives the other one in a
+# subprocess.
 #
 # Usage: scripts/test_matrix.sh [all|tf215|tf-latest] [extra pytest args]
 #   PYTHON=python3.11 picks the interpreter for new venvs (scripts/make_venv.sh).
 #   TF_LATEST_TESTS="tests/a.py tests/b.py" replaces the tf-latest subset
 #   (TF_LATEST_TESTS=tests runs the whole suite there).
-# Exits non-zero if either run fails; both runs always happen.
+#   COVERAGE=1 measures line coverage of estimator_bf16/ across both runs
+#   (subprocesses included) and prints the total at the end.
+# Exits non-zero if either run fails; both runs always happen. The last line
+# gives the wall time of the whole run and of each stage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-
 WHICH="${1:-all}"
 shift || true
 
@@ -25,20 +28,44 @@ shift || true
 # printed at its end. PYTEST_WORKERS=0 runs everything in one process.
 WORKERS="${PYTEST_WORKERS:-2}"
 
-# pytest [args]: the parallel part, then the serial one; fails if either
-# does (exit 5, no test selected, is no failure: -k may select none).
+# Seconds of each stage, in order, for the closing line.
+STAGES=()
+# timed NAME COMMAND...: runs COMMAND and records its wall time as NAME.
+timed() {
+  local name="$1"; shift
+  local began=$SECONDS code
+  "$@"
+  code=$?
+  STAGES+=("$name $((SECONDS - began)) s")
+  return $code
+}
+
+COVERAGE_ARGS=()
+if [[ "${COVERAGE:-0}" == 1 ]]; then
+  # One data file for both virtualenvs (the same editable source tree), so
+  # the total is the suite's, not one TensorFlow's.
+  COVERAGE_ARGS=(--cov=estimator_bf16 --cov-append --cov-report=)
+  rm -f .coverage .coverage.*
+fi
+
+# pytest LABEL PYTHON [args]: the parallel part, then the serial one; fails
+# if either does (exit 5, no test selected, is no failure: -k may select
+# none).
 pytest_in_two_parts() {
-  local python="$1"; shift
+  local label="$1" python="$2"; shift 2
   local status=0 code
   if [[ "$WORKERS" == 0 ]]; then
-    "$python" -m pytest -q --durations=15 "$@"
+    timed "$label" "$python" -m pytest -q --durations=15 \
+      "${COVERAGE_ARGS[@]}" "$@"
     return $?
   fi
-  "$python" -m pytest -q --durations=15 -n "$WORKERS" -m "not serial" "$@"
+  timed "$label parallel" "$python" -m pytest -q --durations=15 \
+    -n "$WORKERS" -m "not serial" "${COVERAGE_ARGS[@]}" "$@"
   code=$?
   [[ $code == 0 || $code == 5 ]] || status=1
   echo "test_matrix: the serial tests (memory peaks), one process" >&2
-  "$python" -m pytest -q --durations=15 -m serial "$@"
+  timed "$label serial" "$python" -m pytest -q --durations=15 -m serial \
+    "${COVERAGE_ARGS[@]}" "$@"
   code=$?
   [[ $code == 0 || $code == 5 ]] || status=1
   return $status
@@ -46,7 +73,7 @@ pytest_in_two_parts() {
 
 run_tf215() {
   echo "test_matrix: TensorFlow 2.15 (.venv), full suite" >&2
-  pytest_in_two_parts .venv/bin/python tests "$@"
+  pytest_in_two_parts "TF 2.15" .venv/bin/python tests "$@"
 }
 
 # The newest-TensorFlow run: the backend-relevant subset, to stay within
@@ -83,7 +110,8 @@ run_tf_latest() {
     deselect+=(--deselect "$node")
   done
   echo "test_matrix: newest TensorFlow (.venv-tf-latest): ${tests[*]}" >&2
-  TF_USE_LEGACY_KERAS=1 pytest_in_two_parts .venv-tf-latest/bin/python \
+  TF_USE_LEGACY_KERAS=1 pytest_in_two_parts "TF latest" \
+    .venv-tf-latest/bin/python \
     "${tests[@]}" -p tests.support.compat_install_plugin "${deselect[@]}" "$@"
 }
 
@@ -92,8 +120,11 @@ case "$WHICH" in
   *) echo "usage: $0 [all|tf215|tf-latest] [pytest args]" >&2; exit 2 ;;
 esac
 
-scripts/make_venv.sh .venv requirements.txt || exit 1
-scripts/make_venv.sh .venv-tf-latest requirements-tf-latest.txt || exit 1
+make_venvs() {
+  scripts/make_venv.sh .venv requirements.txt &&
+    scripts/make_venv.sh .venv-tf-latest requirements-tf-latest.txt
+}
+timed virtualenvs make_venvs || exit 1
 
 status=0
 if [[ "$WHICH" == all || "$WHICH" == tf215 ]]; then
@@ -102,4 +133,12 @@ fi
 if [[ "$WHICH" == all || "$WHICH" == tf-latest ]]; then
   run_tf_latest "$@" || status=1
 fi
+if [[ "${COVERAGE:-0}" == 1 ]]; then
+  echo "test_matrix: line coverage of estimator_bf16/, both runs:" >&2
+  .venv/bin/python -m coverage report --format=total 2>/dev/null |
+    sed 's/^/test_matrix: coverage /; s/$/%/' >&2
+fi
+summary=$(IFS=';'; echo "${STAGES[*]}" | sed 's/;/, /g')
+echo "test_matrix: $( ((status == 0)) && echo passed || echo FAILED) in \
+$SECONDS s ($summary)" >&2
 exit "$status"
