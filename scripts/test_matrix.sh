@@ -24,8 +24,11 @@ shift || true
 # Both cores (pytest-xdist, one worker per core; tests are independent and
 # each writes to its own temporary folders), then the tests marked `serial`
 # alone: they measure a step's memory peak, which the executor's order and
-# so the other worker's load move. The 15 slowest tests of each part are
-# printed at its end. PYTEST_WORKERS=0 runs everything in one process.
+# so the other worker's load move. A class's tests (a module's, for test
+# functions) go to one worker (`--dist loadscope`), so what a class builds
+# once for all its tests (setUpClass, module fixtures) is built once, not
+# once per worker. The 15 slowest tests of each part are printed at its
+# end. PYTEST_WORKERS=0 runs everything in one process.
 WORKERS="${PYTEST_WORKERS:-2}"
 
 # Seconds of each stage, in order, for the closing line.
@@ -60,7 +63,7 @@ pytest_in_two_parts() {
     return $?
   fi
   timed "$label parallel" "$python" -m pytest -q --durations=15 \
-    -n "$WORKERS" -m "not serial" "${COVERAGE_ARGS[@]}" "$@"
+    -n "$WORKERS" --dist loadscope -m "not serial" "${COVERAGE_ARGS[@]}" "$@"
   code=$?
   [[ $code == 0 || $code == 5 ]] || status=1
   echo "test_matrix: the serial tests (memory peaks), one process" >&2

@@ -11,6 +11,7 @@ README block is generated and spliced. No timing is asserted.
 """
 
 import collections
+import copy
 import dataclasses
 import json
 import math
@@ -60,14 +61,44 @@ def _positive_finite(value):
   return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-@pytest.fixture(scope='module')
-def outputs(tmp_path_factory):
+def _run_sections(tmp_path_factory, sections):
   if not memory_lib.allocator_stats_enabled():
     pytest.skip('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow loads')
+  return runner.run(_tiny_config(), str(tmp_path_factory.mktemp('bench')),
+                    sections)
+
+
+# The sections run in three groups of a few seconds each, so that no one
+# test carries the whole benchmark's set-up; the first test of each group
+# below asks for its group alone. Adafactor reads the models' results.
+@pytest.fixture(scope='module')
+def model_results(tmp_path_factory):
+  return _run_sections(tmp_path_factory,
+                       ('models', 'overhead', 'build_overhead', 'adafactor'))
+
+
+@pytest.fixture(scope='module')
+def keras_results(tmp_path_factory):
+  return _run_sections(tmp_path_factory, ('keras',))
+
+
+@pytest.fixture(scope='module')
+def lever_results(tmp_path_factory):
+  return _run_sections(tmp_path_factory, ('levers', 'fit'))
+
+
+@pytest.fixture(scope='module')
+def outputs(tmp_path_factory, model_results, keras_results, lever_results):
+  """(results as written to results.json, results.md, out_dir) of all three
+  groups, as one run of every section would have written them."""
+  results = copy.deepcopy(model_results)
+  for group in (keras_results, lever_results):
+    for key, value in group.items():
+      if key == 'seconds':
+        results['seconds'].update(value)
+      elif key not in results:
+        results[key] = copy.deepcopy(value)
   out_dir = str(tmp_path_factory.mktemp('bench'))
-  results = runner.run(_tiny_config(), out_dir,
-                       ('models', 'overhead', 'build_overhead', 'keras',
-                        'adafactor', 'levers', 'fit'))
   # Stand-in curves: the real convergence runs train Estimators for minutes.
   curve = {'steps': [0, 1, 2], 'loss': [2.0, 1.0, 0.5]}
   run = {'eval_accuracy': 0.9, 'eval_loss': 0.3, 'final_train_loss': 0.5,
@@ -78,6 +109,26 @@ def outputs(tmp_path_factory):
   table = report.write_outputs(results, out_dir)
   with open(os.path.join(out_dir, 'results.json')) as saved:
     return json.load(saved), table, out_dir
+
+
+@pytest.mark.slow
+def test_the_model_sections_ran(model_results):
+  assert set(model_results['models']) == {'mnist_mlp'}
+  assert model_results['overhead']['timed_steps_each'] == 4
+  assert model_results['adafactor']['slot_bytes_ratio'] < 0.5
+
+
+@pytest.mark.slow
+def test_the_keras_comparison_ran_in_its_own_process(keras_results):
+  keras = keras_results['keras_mixed_bfloat16']
+  assert keras['model'] == 'mnist_mlp'
+  assert 'models' not in keras_results
+
+
+@pytest.mark.slow
+def test_the_lever_sections_ran(lever_results):
+  assert lever_results['levers']['accumulation']
+  assert len(lever_results['fit']) == 8
 
 
 @pytest.mark.slow

@@ -311,7 +311,6 @@ class BackwardMemoryTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(got, want, atol=0.05 * np.abs(want).max())
 
 
-@pytest.mark.serial
 class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
   """bfloat16 copies of the weights live in the forward pass, not through it.
 
@@ -550,6 +549,17 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
           {'MatMul': 'Identity'}):
         y = tf.matmul(x, w)
       self.assertEqual(y.op.get_attr('_gradient_op_type'), b'Identity')
+
+
+@pytest.mark.serial
+class WeightCopiesPeakTest(tf.test.TestCase):
+  """The measured side of WeightCopiesTest: a step's live-tensor peak, alone
+  in the serial part of `make test`; the rest of that class runs in the
+  parallel part."""
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(cpu_kernels.kernels('bfloat16'))
 
   def test_live_copies_at_the_peak_are_one_layer(self):
     """Measured: the peak of a weight-heavy step holds few bfloat16 copies."""
