@@ -9,6 +9,7 @@ strategies, batches and TF_CONFIGs fail before any graph is built.
 
 import json
 import os
+import shutil
 from unittest import mock
 
 from absl.testing import parameterized
@@ -110,6 +111,13 @@ def _variables(model_dir):
           and 'Momentum' not in name}, dtypes
 
 
+def _copy_model_dir(source, target):
+  """Copies a model_dir; the copy's state file names its own checkpoint."""
+  shutil.copytree(source, target)
+  prefix = os.path.basename(tf.train.latest_checkpoint(source))
+  tf.compat.v1.train.update_checkpoint_state(target, prefix)
+
+
 def _strategy(devices):
   return eb.make_strategy('mirrored', cpu_devices=devices)
 
@@ -149,14 +157,42 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
                     hooks=[hook])
     return estimator, hook.graph
 
+  # Each run restarts input_fn, so a run that continues a checkpoint is the
+  # same whichever test made that checkpoint: the tests share their runs
+  # (one of 1 device, 6 steps serves as the reference of the comparisons and
+  # as the start of a run that continues on 2 devices). Only the class's
+  # runs write to them; a continued run trains in a copy.
+  _runs = {}
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls._runs = {}
+
+  def _run(self, precision, devices, steps, spelling='make', start=None):
+    """(model_dir, estimator, graph) of a run, trained once per class.
+
+    Args:
+      precision, devices, steps, spelling: as for `_train`.
+      start: the key of the run whose checkpoint this one continues, or
+        None to start afresh.
+    """
+    key = (precision, devices, steps, spelling, start)
+    if key not in self._runs:
+      source = self._run(*start)[0] if start is not None else None
+      model_dir = os.path.join(_CACHE.root, 'mirrored_%d' % len(self._runs))
+      if source is not None:
+        _copy_model_dir(source, model_dir)
+      estimator, graph = self._train(precision, devices, model_dir, steps,
+                                     spelling)
+      self._runs[key] = (model_dir, estimator, graph)
+    return self._runs[key]
+
   @parameterized.product(precision=eb.PRECISIONS, spelling=('make', 'config'))
   @pytest.mark.slow
   def test_two_devices_match_one(self, precision, spelling):
-    root = self.get_temp_dir()
-    one = os.path.join(root, '%s_%s_one' % (precision, spelling))
-    two = os.path.join(root, '%s_%s_two' % (precision, spelling))
-    self._train(precision, 1, one, _STEPS)
-    estimator, graph = self._train(precision, 2, two, _STEPS, spelling)
+    one, _, _ = self._run(precision, 1, _STEPS)
+    two, estimator, graph = self._run(precision, 2, _STEPS, spelling)
     values_one, _ = _variables(one)
     values_two, dtypes = _variables(two)
     self.assertEqual(sorted(values_one), sorted(values_two))
@@ -187,19 +223,16 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(*eb.PRECISIONS)
   @pytest.mark.slow
   def test_checkpoints_move_between_one_and_two_devices(self, precision):
-    root = os.path.join(self.get_temp_dir(), precision)
-    # Each run starts input_fn afresh, so the reference restarts too.
-    reference = os.path.join(root, 'reference')
-    self._train(precision, 1, reference, _STEPS)
-    self._train(precision, 1, reference, 2 * _STEPS)
+    # The reference continues on 1 device what 1 device trained.
+    reference, _, _ = self._run(precision, 1, 2 * _STEPS,
+                                start=(precision, 1, _STEPS))
+    want, _ = _variables(reference)
     for order in ((2, 1), (1, 2)):
-      model_dir = os.path.join(root, 'from_%d' % order[0])
-      self._train(precision, order[0], model_dir, _STEPS)
-      self._train(precision, order[1], model_dir, 2 * _STEPS)
+      model_dir, _, _ = self._run(precision, order[1], 2 * _STEPS,
+                                  start=(precision, order[0], _STEPS))
       self.assertEqual(2 * _STEPS, tf.train.load_checkpoint(
           model_dir).get_tensor('global_step'))
       got, dtypes = _variables(model_dir)
-      want, _ = _variables(reference)
       for name in want:
         self.assertEqual(tf.float32, dtypes[name])
         self.assertAllClose(want[name], got[name], rtol=0,

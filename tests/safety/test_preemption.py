@@ -1,22 +1,26 @@
 """Kill `python -m estimator_bf16.apps.train_cli` at bad moments; it must resume correctly.
 
-One model_dir goes through a series of real processes of the CLI, each
-stopped in a different way: SIGKILL at a random step, SIGKILL while a
-checkpoint is being written, SIGKILL right after one is written, SIGKILL
-while a restarted run rewrites the checkpoint it restored, and SIGTERM (a
-preemption notice). After each, the test finds the newest checkpoint the
-state file names that reads completely, checks that the next run restores
-exactly that one, and that no more than one checkpoint interval of steps
-was lost. The last run trains to the end. Unit tests cover what the timing
-rarely reaches: a corrupt newest checkpoint, a garbled state file.
+A first run of the CLI is killed at a random step; each test then resumes a
+copy of its model_dir in a real process of the CLI and stops it in its own
+way: SIGKILL while a checkpoint is being written, SIGKILL right after one is
+written, SIGKILL while the restarted run rewrites the checkpoint it
+restored, SIGTERM (a preemption notice), or not at all (it trains to the
+end). Each run checks that it restored exactly the newest checkpoint the
+state file names that reads completely; after each stop the test finds that
+checkpoint again, checks that the next run would restore it, and that no
+more than one checkpoint interval of steps was lost. Unit tests cover what
+the timing rarely reaches: a corrupt newest checkpoint, a garbled state
+file.
 """
 
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from absl.testing import parameterized
@@ -28,7 +32,7 @@ from estimator_bf16.safety import preemption
 from tests.support import paths
 
 _REPO = paths.REPO
-_STEPS = 60
+_STEPS = 40
 _INTERVAL = 10
 _SEED = 20240611  # kill moments are drawn from this, for repeatable runs
 _POLL_SECONDS = 0.0005
@@ -176,109 +180,170 @@ def _temp_dir_step(model_dir):
 
 def _run_folder(test):
   """(a fresh folder, its model_dir, the CLI's environment)."""
-  root = test.create_tempdir().full_path
+  return _folder(test.create_tempdir().full_path)
+
+
+def _folder(root):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='1',
              ESTIMATOR_BF16_CACHE=os.path.join(root, 'cache'))
   return root, os.path.join(root, 'model'), env
 
 
+def _copy_model_dir(source, target):
+  """Copies a model_dir, leftovers of killed saves included.
+
+  The state file lists absolute paths; the copy's names its own files.
+  """
+  shutil.copytree(source, target)
+  state = tf.train.get_checkpoint_state(source)
+  if state is not None:
+    tf.compat.v1.train.update_checkpoint_state(
+        target, os.path.basename(state.model_checkpoint_path),
+        [os.path.basename(p) for p in state.all_model_checkpoint_paths])
+
+
+def _newest_whole_and_lost(run, model_dir):
+  """(newest whole checkpoint's step, steps lost, a line for messages)."""
+  newest, unreadable = _newest_whole(model_dir)
+  lost = run.progress() - (newest or 0)
+  line = 'exit %4s  progress %2d  newest whole ckpt %2s  lost %2d%s' % (
+      run.process.returncode, run.progress(), newest, lost,
+      '  (unreadable: %s)' % unreadable if unreadable else '')
+  return newest, lost, line
+
+
 @pytest.mark.slow
 class KillAndResumeTest(tf.test.TestCase):
+  """Each stop resumes the checkpoints that a first killed run left.
 
-  def test_survives_kills_and_sigterm_and_finishes(self):
+  The first run starts afresh and is killed at a random step past the first
+  interval (setUpClass); each test then runs the CLI once on a copy of its
+  model_dir and stops it in its own way. Each run first checks that it
+  restored exactly the newest checkpoint that reads whole; after the stop
+  the test checks what the next run would restore (the run's own
+  `checkpoint_repair.ensure_restorable`, then the newest checkpoint the
+  state file names, as the Estimator restores it).
+  """
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls._root = tempfile.mkdtemp()
+    root, model_dir, env = _folder(os.path.join(cls._root, 'first'))
+    os.makedirs(root)
+    # SIGKILL at a random step past the first interval.
+    target = random.Random(_SEED).randint(_INTERVAL + 2, 2 * _INTERVAL + 8)
+    run = _Run(model_dir, os.path.join(root, 'run.log'), env)
+    try:
+      run.wait_for(lambda: (run.last_step or 0) >= target,
+                   'step %d' % target)
+    finally:
+      run.kill()
+    cls._first = run
+    cls._first_dir = model_dir
+    cls._first_newest = _newest_whole(model_dir)[0]
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls._root, ignore_errors=True)
+    super().tearDownClass()
+
+  def _resume(self):
+    """(the model_dir, a run on a copy of the first run's, after its
+    restore)."""
     root, model_dir, env = _run_folder(self)
-    rng = random.Random(_SEED)
-    runs = []
-    resume_from = [None]  # newest whole checkpoint after the last stop
-    lost_steps = []
-    report = []
+    _copy_model_dir(self._first_dir, model_dir)
+    run = _Run(model_dir, os.path.join(root, 'run.log'), env)
+    self.addCleanup(_end, run)
+    run.wait_for(lambda: run.restored is not None, 'the restore')
+    self.assertEqual(run.restored, self._first_newest, run.tail())
+    return model_dir, run
 
-    def start():
-      runs.append(_Run(model_dir, os.path.join(root, 'run%d.log' % len(runs)),
-                       env))
-      return runs[-1]
+  def _check_stopped(self, run, model_dir, how):
+    """A listed checkpoint reads whole, at most one interval is lost, and
+    the next run restores that checkpoint; returns its step."""
+    newest, lost, line = _newest_whole_and_lost(run, model_dir)
+    message = '%s: %s\n%s' % (how, line, run.tail())
+    self.assertLessEqual(lost, _INTERVAL, message)
+    prefix = checkpoint_repair.ensure_restorable(model_dir)
+    self.assertEqual(checkpoint_repair.checkpoint_step(prefix), newest,
+                     message)
+    self.assertEqual(_state_step(model_dir), newest, message)
+    print('%-30s %s' % (how, line))
+    return newest
 
-    def wait_resumed(run):
-      """The run restored the checkpoint the last stop left as newest."""
-      if resume_from[0] is None:
-        return
-      run.wait_for(lambda: run.restored is not None, 'the restore')
-      self.assertEqual(run.restored, resume_from[0], run.tail())
+  def test_sigkill_at_a_random_step(self):
+    run = self._first
+    self.assertEqual(run.process.returncode, -signal.SIGKILL, run.tail())
+    # On a copy: the check repairs what it finds, and the other tests
+    # resume the first run's model_dir as the kill left it.
+    model_dir = os.path.join(self.create_tempdir().full_path, 'model')
+    _copy_model_dir(self._first_dir, model_dir)
+    self.assertEqual(self._check_stopped(
+        run, model_dir, 'SIGKILL at step %d' % run.last_step),
+                     self._first_newest)
 
-    def check_stopped(run, how, status):
-      """A listed checkpoint reads whole; at most one interval is lost."""
-      newest, unreadable = _newest_whole(model_dir)
-      lost = run.progress() - (newest or 0)
-      lost_steps.append(lost)
-      report.append('%-30s exit %4s  progress %2d  newest whole ckpt %2s  '
-                    'lost %2d%s' % (how, status, run.progress(), newest, lost,
-                                    '  (unreadable: %s)' % unreadable
-                                    if unreadable else ''))
-      self.assertLessEqual(lost, _INTERVAL, report[-1])
-      resume_from[0] = newest
-
-    # 1. SIGKILL at a random step past the first interval.
-    run = start()
-    target = rng.randint(_INTERVAL + 2, 2 * _INTERVAL + 8)
-    run.wait_for(lambda: (run.last_step or 0) >= target, 'step %d' % target)
-    check_stopped(run, 'SIGKILL at step %d' % run.last_step, run.kill())
-
-    # 2. SIGKILL while a new checkpoint is being written. Waiting for the
-    # restore first: the run removes leftovers of killed saves before it.
-    run = start()
-    wait_resumed(run)
-    begun = resume_from[0]
+  def test_sigkill_while_a_checkpoint_is_written(self):
+    # After the restore: the run removes leftovers of killed saves before.
+    model_dir, run = self._resume()
+    begun = self._first_newest
     run.wait_for(lambda: (_temp_dir_step(model_dir) or 0) > begun,
                  'a checkpoint save')
-    status = run.kill()
+    run.kill()
     saving = max(run.saves)
     mid_save = _temp_dir_step(model_dir) == saving
-    check_stopped(run, 'SIGKILL saving ckpt-%d%s' % (
-        saving, '' if mid_save else ' (late)'), status)
-    self.assertIn(resume_from[0], (saving - _INTERVAL, saving))
+    newest = self._check_stopped(run, model_dir, 'SIGKILL saving ckpt-%d%s' % (
+        saving, '' if mid_save else ' (late)'))
+    self.assertIn(newest, (saving - _INTERVAL, saving))
 
-    # 3. SIGKILL right after the state file names a new checkpoint.
-    run = start()
-    wait_resumed(run)
-    begun = resume_from[0]
+  def test_sigkill_right_after_a_new_checkpoint(self):
+    model_dir, run = self._resume()
+    begun = self._first_newest
     run.wait_for(lambda: (_state_step(model_dir) or 0) > begun,
                  'a new checkpoint')
-    check_stopped(run, 'SIGKILL after ckpt-%d' % _state_step(model_dir),
-                  run.kill())
+    saved = _state_step(model_dir)
+    run.kill()
+    self._check_stopped(run, model_dir, 'SIGKILL after ckpt-%d' % saved)
 
-    # 4. SIGKILL while the restarted run rewrites the checkpoint it
-    # restored (the Estimator saves once as the session starts).
-    run = start()
-    wait_resumed(run)
-    begun = resume_from[0]
+  def test_sigkill_while_the_restored_checkpoint_is_rewritten(self):
+    # The Estimator saves once as the session starts, over the checkpoint
+    # it restored.
+    model_dir, run = self._resume()
+    begun = self._first_newest
     run.wait_for(lambda: begun in run.saves or
                  _temp_dir_step(model_dir) == begun,
                  'the re-save of ckpt-%d' % begun)
-    check_stopped(run, 'SIGKILL re-saving ckpt-%d' % begun, run.kill())
+    run.kill()
+    self._check_stopped(run, model_dir, 'SIGKILL re-saving ckpt-%d' % begun)
 
-    # 5. SIGTERM at a random step: a final checkpoint at that very step.
-    run = start()
-    wait_resumed(run)
-    target = min(_STEPS - 5, resume_from[0] + rng.randint(3, 12))
+  def test_sigterm_writes_a_checkpoint_at_the_step_reached(self):
+    model_dir, run = self._resume()
+    target = min(_STEPS - 5, self._first_newest +
+                 random.Random(_SEED + 5).randint(3, 12))
     run.wait_for(lambda: (run.last_step or 0) >= target, 'step %d' % target)
     status = run.kill(signal.SIGTERM)
     self.assertEqual(status, _PREEMPTED_STATUS, run.tail())
     self.assertIsNotNone(run.stopped, run.tail())
     self.assertEqual(_newest_whole(model_dir)[0], run.stopped)
-    check_stopped(run, 'SIGTERM at step %d' % run.stopped, status)
-    self.assertEqual(lost_steps[-1], 0)
+    self.assertEqual(self._check_stopped(
+        run, model_dir, 'SIGTERM at step %d' % run.stopped), run.progress())
 
-    # 6. Left alone, it reaches the same final step.
-    run = start()
-    wait_resumed(run)
+  def test_left_alone_it_reaches_the_final_step(self):
+    model_dir, run = self._resume()
     status = run.finish()
     self.assertEqual(status, 0, run.tail())
     self.assertEqual(_state_step(model_dir), _STEPS)
     self.assertEqual(_newest_whole(model_dir)[0], _STEPS)
     self.assertIsNone(_temp_dir_step(model_dir))
-    print('\n'.join(['kill/resume cycles (checkpoint every %d steps):' %
-                     _INTERVAL] + report +
-                    ['max steps lost: %d' % max(lost_steps)]))
+
+
+def _end(run):
+  """Ends a run a failed test left running."""
+  if run.process.poll() is None:
+    run.process.kill()
+    run.process.wait()
+  if not run._log.closed:  # pylint: disable=protected-access
+    run._log.close()  # pylint: disable=protected-access
 
 
 class CtrlCTest(tf.test.TestCase):
