@@ -199,7 +199,8 @@ class BertTest(tf.test.TestCase, parameterized.TestCase):
                                       for key in features})
     self.assertEqual(values.shape, (3, 2))
 
-  @parameterized.named_parameters(*_PRECISIONS)
+  # bfloat16 training is test_bfloat16_learns_synthetic_task.
+  @parameterized.named_parameters(_PRECISIONS[0])
   def test_trains(self, precision):
     with tf.Graph().as_default():
       tf.compat.v1.set_random_seed(1)
@@ -218,8 +219,9 @@ class BertTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       tf.compat.v1.set_random_seed(1)
       features, labels = _synthetic_batches(32)
-      _, _, train_op = _train_graph(_tiny_config(), 'bfloat16', features,
-                                    labels, 1e-3)
+      logits, loss, train_op = _train_graph(_tiny_config(), 'bfloat16',
+                                            features, labels, 1e-3)
+      self.assertEqual(logits.dtype, tf.bfloat16)
       # Held-out examples (another seed), no dropout.
       eval_features, eval_labels = _synthetic_batches(256, seed=1)
       with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
@@ -231,9 +233,10 @@ class BertTest(tf.test.TestCase, parameterized.TestCase):
       accuracy = tf.reduce_mean(tf.cast(correct, tf.float32))
       with tf.compat.v1.Session() as session:
         session.run(tf.compat.v1.global_variables_initializer())
-        for _ in range(150):
-          session.run(train_op)
+        losses = [session.run([train_op, loss])[1] for _ in range(150)]
         self.assertGreater(session.run(accuracy), 0.9)
+    self.assertTrue(np.all(np.isfinite(losses)), losses)
+    self.assertLess(np.mean(losses[-3:]), losses[0])
 
   def test_padding_does_not_change_logits(self):
     with tf.Graph().as_default():

@@ -8,7 +8,10 @@ Trained side by side, both precisions reach the same quality, and one
 model_dir continues float32 -> bfloat16 -> float32.
 """
 
+import functools
 import os
+import shutil
+import tempfile
 
 from absl.testing import parameterized
 import numpy as np
@@ -29,10 +32,17 @@ LOSS_TOLERANCE = 0.15
 ACCURACY_TOLERANCE = 0.04
 TRAIN_STEPS = 150
 STYLE_NAMES = sorted(STYLES)
+_tmp_root = None
 
 
 def setUpModule():
+  global _tmp_root
   tf.compat.v1.disable_eager_execution()
+  _tmp_root = tempfile.mkdtemp()
+
+
+def tearDownModule():
+  shutil.rmtree(_tmp_root, ignore_errors=True)
 
 
 def _compute_dtype(op):
@@ -41,8 +51,12 @@ def _compute_dtype(op):
   return audit.compute_dtype(op)
 
 
+@functools.lru_cache(maxsize=None)
 def _build_train_graph(style, precision):
-  """Returns (graph, spec) of the TRAIN graph of `style` in `precision`."""
+  """Returns (graph, spec) of the TRAIN graph of `style` in `precision`.
+
+  Built once per module: the tests read it, or run it in their own session.
+  """
   module = STYLES[style]
   graph = tf.Graph()
   with graph.as_default():
@@ -129,6 +143,19 @@ def _train_and_evaluate(style, model_dir, precision, steps):
   return float(metrics['loss']), float(accuracy)
 
 
+@functools.lru_cache(maxsize=None)
+def _trained(style, precision):
+  """(model_dir, eval loss, eval accuracy) after TRAIN_STEPS from scratch.
+
+  Trained once per module; the float32 model_dir then goes on training in
+  the round-trip test (nothing else reads it).
+  """
+  model_dir = os.path.join(_tmp_root, style, precision)
+  loss, accuracy = _train_and_evaluate(style, model_dir, precision,
+                                       TRAIN_STEPS)
+  return model_dir, loss, accuracy
+
+
 def _checkpoint_variables(model_dir):
   reader = tf.train.load_checkpoint(model_dir)
   return sorted((name, reader.get_variable_to_dtype_map()[name].name)
@@ -140,11 +167,8 @@ class StyleTrainingTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*STYLE_NAMES)
   def test_bfloat16_trains_like_float32(self, style):
-    results = {}
-    for precision in eb.PRECISIONS:
-      model_dir = self.create_tempdir().full_path
-      results[precision] = _train_and_evaluate(style, model_dir, precision,
-                                               TRAIN_STEPS)
+    results = {precision: _trained(style, precision)[1:]
+               for precision in eb.PRECISIONS}
     (loss32, accuracy32), (loss16, accuracy16) = (
         results['float32'], results['bfloat16'])
     self.assertGreater(accuracy32, 0.85)
@@ -153,11 +177,14 @@ class StyleTrainingTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*STYLE_NAMES)
   def test_checkpoint_round_trip_float32_bfloat16_float32(self, style):
-    model_dir = self.create_tempdir().full_path
+    # The float32 leg is the float32 run above: a checkpoint at TRAIN_STEPS.
+    model_dir, loss, _ = _trained(style, 'float32')
     seen = []
-    for steps, precision in ((20, 'float32'), (40, 'bfloat16'),
-                             (60, 'float32')):
-      loss, _ = _train_and_evaluate(style, model_dir, precision, steps)
+    for steps, precision in ((TRAIN_STEPS, 'float32'),
+                             (TRAIN_STEPS + 20, 'bfloat16'),
+                             (TRAIN_STEPS + 40, 'float32')):
+      if steps > TRAIN_STEPS:
+        loss, _ = _train_and_evaluate(style, model_dir, precision, steps)
       self.assertTrue(np.isfinite(loss))
       self.assertEqual(tf.train.load_variable(model_dir, 'global_step'),
                        steps)
