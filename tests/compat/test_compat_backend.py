@@ -27,8 +27,10 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import unittest
 from unittest import mock
@@ -500,6 +502,38 @@ def _max_weight_gap(a, b):
   return max(np.max(np.abs(np.subtract(a[k], b[k]))) for k in a)
 
 
+_PROTOCOL = {}
+
+
+def setUpModule():
+  _PROTOCOL['work_dir'] = tempfile.mkdtemp()
+
+
+def tearDownModule():
+  shutil.rmtree(_PROTOCOL.pop('work_dir'), ignore_errors=True)
+
+
+def _protocol_start():
+  """The float32 start checkpoint, made once by this TensorFlow's backend."""
+  if 'start' not in _PROTOCOL:
+    _PROTOCOL['start'] = protocol.make_start(eb.BACKEND,
+                                             _PROTOCOL['work_dir'])
+  return _PROTOCOL['start']
+
+
+def _protocol_run(backend, precision):
+  """protocol.run from the shared start, once per (backend, precision).
+
+  The backend agreement and the cross-version test both compare this
+  TensorFlow's run of the protocol with another's: they share it.
+  """
+  key = ('run', backend, precision)
+  if key not in _PROTOCOL:
+    _PROTOCOL[key] = protocol.run(backend, precision, _protocol_start(),
+                                  _PROTOCOL['work_dir'])
+  return _PROTOCOL[key]
+
+
 class BackendAgreementTest(tf.test.TestCase):
 
   @NEEDS_TF215
@@ -547,12 +581,10 @@ class BackendAgreementTest(tf.test.TestCase):
   @pytest.mark.slow
   def test_same_numbers_and_checkpoints_cross_backends(self):
     work_dir = self.create_tempdir().full_path
-    start = protocol.make_start('tf_estimator', work_dir)
     results = {}
     for precision in eb.PRECISIONS:
       for backend in backend_lib.BACKENDS:
-        results[backend, precision] = protocol.run(backend, precision, start,
-                                                   work_dir)
+        results[backend, precision] = _protocol_run(backend, precision)
       _assert_agree(self, results['compat', precision],
                     results['tf_estimator', precision], precision)
       for backend, other in (('compat', 'tf_estimator'),
@@ -577,9 +609,8 @@ class CrossVersionTest(tf.test.TestCase):
       self.skipTest('the other TensorFlow virtualenv is not there (run '
                     'scripts/test_matrix.sh to create both)')
     work_dir = self.create_tempdir().full_path
-    start = protocol.make_start(eb.BACKEND, work_dir)
-    ours = {p: protocol.run(eb.BACKEND, p, start, work_dir)
-            for p in eb.PRECISIONS}
+    start = _protocol_start()
+    ours = {p: _protocol_run(eb.BACKEND, p) for p in eb.PRECISIONS}
     theirs_dir = os.path.join(work_dir, 'other')
     out = os.path.join(work_dir, 'other.json')
     handoff = {p: {'model_dir': r['model_dir'], 'export_dir': r['export_dir']}

@@ -13,6 +13,7 @@ import functools
 import importlib.metadata
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -87,6 +88,53 @@ def _cli(*args, repo_on_path=True):
                         check=False)
 
 
+class _Records(logging.Handler):
+  """Keeps the messages of the log records it is given."""
+
+  def __init__(self):
+    super().__init__(logging.INFO)
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _cli_in_this_process():
+  """Yields a call `main(*args) -> (exit code, stdout, stderr, log lines)`.
+
+  `estimator_bf16.apps.cli.main` with the arguments of `_cli`, run here from
+  the repository root: the command line, its exit code and its report as a
+  subprocess has them, without a second TensorFlow import, where the
+  process itself is not what a test is about. TensorFlow's INFO log lines
+  (a subprocess prints them on stderr) are collected from its logger.
+  """
+  tf_logger = logging.getLogger('tensorflow')
+  records, level = _Records(), tf_logger.level
+  cwd = os.getcwd()
+  os.chdir(_REPO)
+  tf_logger.addHandler(records)
+  tf_logger.setLevel(logging.INFO)
+
+  def main(*args):
+    out, err = io.StringIO(), io.StringIO()
+    del records.messages[:]
+    with mock.patch.dict(os.environ), contextlib.redirect_stdout(out), \
+        contextlib.redirect_stderr(err):
+      code = cli.main(list(args))
+    return code, out.getvalue(), err.getvalue(), main.logs()
+
+  # What TensorFlow logged since the last call of `main`, for code that
+  # calls the runner itself.
+  main.logs = lambda: '\n'.join(records.messages)
+  try:
+    yield main
+  finally:
+    tf_logger.removeHandler(records)
+    tf_logger.setLevel(level)
+    os.chdir(cwd)
+
+
 @functools.lru_cache(maxsize=None)
 def _run_legacy_program(precision):
   """Runs the acceptance program once per precision; returns (proc, dirs)."""
@@ -151,13 +199,16 @@ def assert_trained_in_precision(test, stderr, model_dir, precision, ops,
 class ExampleProgramTest(tf.test.TestCase):
   """models/mnist_tpu.py, the repository's example user program."""
 
-  def setUp(self):
-    super().setUp()
-    self.data_dir = os.path.join(self.get_temp_dir(), 'digits')
-    digits.write_digits(self.data_dir)
-    self.args = ['models/mnist_tpu.py', '--use_tpu=false',
-                 '--data_dir=' + self.data_dir, '--train_steps=40',
-                 '--iterations=20', '--batch_size=64']
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    data_dir = os.path.join(_TMP['root'], 'digits')
+    digits.write_digits(data_dir)
+    # What is checked is that it runs and in which dtypes, not how well it
+    # learns: a few small steps (two TPU loops, a save after each).
+    cls.args = ['models/mnist_tpu.py', '--use_tpu=false',
+                '--data_dir=' + data_dir, '--train_steps=4',
+                '--iterations=2', '--batch_size=8']
 
   def test_runs_in_bfloat16_through_the_runner(self):
     model_dir = os.path.join(self.get_temp_dir(), 'bf16')
@@ -253,10 +304,15 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('newest checkpoint: %s' % checkpoint, stderr)
     self.assertIn('exit code: 143', stderr)
     self.assertNotIn('eval accuracy', stdout)  # Ended without evaluating.
-    # The same command, to a few steps further, resumes from that step.
-    proc = _cli('run', *args, '--train_steps=%d' % (stopped + 5))
-    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    self.assertIn('Restoring parameters from %s' % checkpoint, proc.stderr)
+    # The same command, to a few steps further, resumes from that step (in
+    # this process: the signal was the subprocess's part).
+    with _cli_in_this_process() as main:
+      code, stdout, stderr, logs = main(
+          'run', *args, '--train_steps=%d' % (stopped + 5))
+    self.assertEqual(code, 0, stderr[-3000:])
+    self.assertIn('eval accuracy', stdout)
+    self.assertIn('Restoring parameters from %s' % checkpoint, logs)
+    self.assertIn('training steps run: 5\n', stderr)
     self.assertEqual(tf.train.load_variable(model_dir, 'global_step'),
                      stopped + 5)
 
@@ -278,28 +334,40 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_check_after_run_builds_the_graph_and_leaves_model_dir_alone(self):
     # The README's sequence: `run` trains model_dir to max_steps, then
-    # `check` on the same command line.
+    # `check` on the same command line. Here the check mode of the runner,
+    # in this process and without the memory plans: the command itself,
+    # planning included, is checked above.
     proc, model_dir, _ = _run_legacy_program('bfloat16')
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     before = {name: os.stat(os.path.join(model_dir, name)).st_mtime_ns
               for name in os.listdir(model_dir)}
-    proc = _cli('check', _PROGRAM, '--use_tpu=false',
-                '--model_dir=' + model_dir)
-    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    self.assertIn('result: OK', proc.stderr)
-    self.assertNotIn('Skipping training', proc.stderr)
+    with _cli_in_this_process() as main:  # The folder and the logs.
+      result = runner.run_program(
+          _PROGRAM, ['--use_tpu=false', '--model_dir=' + model_dir],
+          check=True)
+      logs = main.logs()
+    self.assertEqual(result.exit_code, 0, result.error)
+    self.assertTrue(run_report.check_passed(result))
+    self.assertIn('result: OK', run_report.format_check_report(result))
+    # The TRAIN graph was built, not skipped as trained.
+    self.assertIsNotNone(result.train_graph)
+    # (The sigterm test reads a log line collected the same way.)
+    self.assertNotIn('Skipping training', logs)
     self.assertEqual(
         {name: os.stat(os.path.join(model_dir, name)).st_mtime_ns
          for name in os.listdir(model_dir)}, before)
 
   def test_check_fails_on_planted_bfloat16_variable(self):
-    proc = _cli('check', _PLANTED, '--use_tpu=false',
-                '--model_dir=' + os.path.join(_TMP['root'], 'planted'))
-    self.assertEqual(proc.returncode, cli.EXIT_CHECK_FAILED, proc.stderr)
+    # The exit code and report of the command, computed in this process.
+    model_dir = os.path.join(_TMP['root'], 'planted')
+    with _cli_in_this_process() as main:
+      code, _, stderr, _ = main('check', _PLANTED, '--use_tpu=false',
+                                '--model_dir=' + model_dir)
+    self.assertEqual(code, cli.EXIT_CHECK_FAILED, stderr)
     self.assertIn("variable 'planted/bf16_scale' (made at %s:22 "
                   '(planted_model_fn)) is stored as bfloat16' % _PLANTED,
-                  proc.stderr)
-    self.assertIn('result: FAILED', proc.stderr)
+                  stderr)
+    self.assertIn('result: FAILED', stderr)
 
 
 # In-process runs of small programs ------------------------------------------
