@@ -8,6 +8,10 @@ mean (a sum, a missing micro-batch, an update per micro-batch, a clip of
 the last micro-batch alone) differs by 1e-2 or more.
 """
 
+import io
+import os
+from unittest import mock
+
 from absl.testing import parameterized
 import numpy as np
 import pytest
@@ -23,6 +27,7 @@ from estimator_bf16.platform import backend as backend_lib
 from benchmarks import configs
 from benchmarks import graphs
 from benchmarks import step_memory
+from tests.memory import test_fit
 from tests.support import isolated_cache
 from tests.runner import test_runner
 
@@ -508,11 +513,11 @@ class CommandsTest(tf.test.TestCase):
                   '(train_batch_size 32 = 4 x 8)', proc.stderr)
 
   def test_check_plans_with_the_levers(self):
-    model_dir = self.create_tempdir().full_path
+    # A TF 1.x TPUEstimator program at batch 32, small enough that its plan
+    # costs a second (tests/memory/test_fit.py).
+    program, model_dir = test_fit._text_program(self)  # pylint: disable=protected-access
     proc = test_runner._cli(  # pylint: disable=protected-access
-        'check', '--accumulate=4', '--recompute',
-        'models/tf1/bert_style/tf1_run_classifier.py',
-        '--output_dir=' + model_dir)
+        'check', '--accumulate=4', '--recompute', program, model_dir)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn('memory levers: gradient accumulation K=4 (train_batch_size '
                   '32 = 4 x 8); recompute on', proc.stderr)
@@ -528,10 +533,20 @@ class CommandsTest(tf.test.TestCase):
       self.assertEqual(int(row[-2]) % 4, 0, row)
 
   def test_run_rejects_a_bad_k_before_running(self):
-    proc = test_runner._cli(  # pylint: disable=protected-access
-        'run', '--accumulate=0', 'tests/support/legacy_tpu_main.py')
-    self.assertEqual(proc.returncode, 2)
-    self.assertIn('--accumulate must be an integer >= 1', proc.stderr)
+    # cli.main here returns what `python -m estimator_bf16` exits with.
+    from estimator_bf16.apps import cli  # pylint: disable=g-import-not-at-top
+    from estimator_bf16.runner import program as runner  # pylint: disable=g-import-not-at-top
+
+    def must_not_run(*args, **kwargs):
+      raise AssertionError('the program ran: %s %s' % (args, kwargs))
+
+    with mock.patch.dict(os.environ), \
+        mock.patch.object(runner, 'run_program', must_not_run), \
+        mock.patch('sys.stderr', new_callable=io.StringIO) as stderr:
+      code = cli.main(['run', '--accumulate=0',
+                       'tests/support/legacy_tpu_main.py'])
+    self.assertEqual(code, 2)
+    self.assertIn('--accumulate must be an integer >= 1', stderr.getvalue())
 
   def test_training_command_counts_updates(self):
     model_dir = self.create_tempdir().full_path

@@ -5,6 +5,9 @@ import io
 import json
 import os
 import re
+import shutil
+import tempfile
+import textwrap
 from unittest import mock
 
 from absl.testing import parameterized
@@ -383,20 +386,76 @@ class ChooseLeversTest(tf.test.TestCase):
 
 _PROGRAM = 'models/tf1/bert_style/tf1_run_classifier.py'
 
+# A TF 1.x TPUEstimator text program much smaller than the bert-style one:
+# planning its 4 lever combinations costs a second, not ten. Eight layers on
+# [batch, tokens, 64] activations: recompute has ops to cut, and in 1 MiB
+# bfloat16 needs accumulation (K=2) while 100 KiB holds not even the
+# weights. It takes its model_dir as argv[1] and says when it trained.
+_TEXT_PROGRAM = textwrap.dedent('''\
+    import sys
+
+    import tensorflow as tf
+
+    VOCAB, LENGTH, WIDTH, LAYERS = 64, 16, 64, 8
+
+
+    def input_fn(params):
+      ids = tf.random.stateless_uniform([256, LENGTH], [1, 2], maxval=VOCAB,
+                                        dtype=tf.int32)
+      labels = tf.cast(tf.reduce_sum(ids, axis=1) > VOCAB * LENGTH // 2,
+                       tf.int32)
+      return tf.data.Dataset.from_tensor_slices(({'ids': ids}, labels)).repeat(
+          ).batch(params['batch_size'], drop_remainder=True)
+
+
+    def model_fn(features, labels, mode, params):
+      del params
+      table = tf.compat.v1.get_variable('embedding', [VOCAB, 16])
+      net = tf.gather(table, features['ids'])
+      for i in range(LAYERS):
+        net = tf.compat.v1.layers.dense(net, WIDTH, tf.nn.relu,
+                                        name='dense_%d' % i)
+      logits = tf.compat.v1.layers.dense(tf.reduce_mean(net, axis=1), 2,
+                                         name='logits')
+      loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+      train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
+          loss, global_step=tf.compat.v1.train.get_global_step())
+      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss,
+                                                         train_op=train_op)
+
+
+    estimator = tf.compat.v1.estimator.tpu.TPUEstimator(
+        model_fn=model_fn, use_tpu=False, train_batch_size=32,
+        config=tf.compat.v1.estimator.tpu.RunConfig(model_dir=sys.argv[1]))
+    # `--memory` measures the 4th session run of a train call.
+    estimator.train(input_fn, max_steps=4)
+    print('the program trained')
+    ''')
+
 
 def _cli(*args):
   return test_runner._cli(*args)  # pylint: disable=protected-access
 
 
+def _text_program(test):
+  """Writes _TEXT_PROGRAM to a temporary folder: (program, model_dir)."""
+  folder = test.create_tempdir().full_path
+  program = os.path.join(folder, 'text_program.py')
+  with open(program, 'w') as f:
+    f.write(_TEXT_PROGRAM)
+  return program, os.path.join(folder, 'model')
+
+
+@pytest.mark.slow
 class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
-  """`check --fit` on the bert-style TF 1.x program (batch 32)."""
+  """`check --fit` on the small text program (batch 32)."""
 
   def _check_fit(self, budget):
     """`check --fit --memory_budget=budget --report`: (process, JSON)."""
     report = os.path.join(self.create_tempdir().full_path, 'fit.json')
+    program, model_dir = _text_program(self)
     proc = _cli('check', '--fit', '--memory_budget=' + budget,
-                '--report=' + report, _PROGRAM,
-                '--output_dir=' + self.create_tempdir().full_path)
+                '--report=' + report, program, model_dir)
     with open(report) as f:
       return proc, json.load(f)
 
@@ -451,19 +510,29 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIsNone(tf.train.latest_checkpoint(os.path.join(folder,
                                                               'model')))
 
-  def test_a_batch_too_large_for_one_core_is_said_so(self):
-    # One example fits 20 MiB; the batch of 32 without accumulation (a TPU
-    # core) does not.
-    proc = _cli('check', '--fit', '--device=tpu-v2', _PROGRAM,
-                '--output_dir=' + self.create_tempdir().full_path,
-                '--train_batch_size=32')
-    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    self.assertIn('largest batch per core in 8192 MiB: float32 ', proc.stderr)
-    self.assertIn('A v2-8 / v3-8 board has 8 cores', proc.stderr)
+
+@pytest.mark.slow
+class CheckFitOnTpuCommandTest(tf.test.TestCase):
+  """One `check --fit --device=tpu-v2 --precision=float32` of the bert-style
+  TF 1.x program at batch 32, read by each test; its --report names a
+  folder that does not exist."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls._output = tempfile.mkdtemp()
+    cls._proc = _cli('check', '--fit', '--device=tpu-v2',
+                     '--precision=float32',
+                     '--report=/nonexistent/dir/r.json', _PROGRAM,
+                     '--output_dir=' + cls._output, '--train_batch_size=32')
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls._output, ignore_errors=True)
+    super().tearDownClass()
 
   def test_precision_float32_wins_over_the_fit(self):
-    proc = _cli('check', '--fit', '--device=tpu-v2', '--precision=float32',
-                _PROGRAM, '--output_dir=' + self.create_tempdir().full_path)
+    proc = self._proc
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     rows = [line for line in proc.stderr.splitlines()
             if re.match(r'^\*?\s+(float32|bfloat16)\s+\d', line)]
@@ -475,18 +544,60 @@ class CheckFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertRegex(proc.stderr, r'\.\.\. and K = 2 to 32 .* also fit')
     self.assertNotIn('No gradient accumulation', proc.stderr)
 
+  def test_a_batch_too_large_for_one_core_is_said_so(self):
+    self.assertIn('largest batch per core in 8192 MiB: float32 ',
+                  self._proc.stderr)
+    self.assertIn('A v2-8 / v3-8 board has 8 cores', self._proc.stderr)
+
+  def test_an_unwritable_report_is_one_line(self):
+    # The check itself passed; only the report could not be written.
+    self.assertEqual(self._proc.returncode, 0, self._proc.stderr[-3000:])
+    self.assertIn('estimator_bf16: error: --report /nonexistent/dir/r.json: '
+                  'No such file or directory', self._proc.stderr)
+    self.assertNotIn('Traceback', self._proc.stderr)
+
+
+class FitCommandLineTest(tf.test.TestCase, parameterized.TestCase):
+  """Bad --fit input returns 2 before the program starts: `cli.main` here,
+  as `python -m estimator_bf16` returns it (tests/runner/test_runner.py
+  `CommandLineTest`)."""
+
   @parameterized.named_parameters(
-      ('unknown_device', ['--fit', '--device=tpu-v9'], 'tpu-v2, tpu-v3'),
-      ('budget_not_a_size', ['--fit', '--memory_budget=lots'],
+      ('check_unknown_device', 'check', ['--fit', '--device=tpu-v9'],
+       'tpu-v2, tpu-v3'),
+      ('check_budget_not_a_size', 'check', ['--fit', '--memory_budget=lots'],
        'is not a size'),
-      ('fit_with_accumulate', ['--fit', '--device=tpu-v2', '--accumulate=2'],
-       'chooses --accumulate'),
-      ('no_target', ['--fit'], 'exactly one of --device'),
-      ('device_without_fit', ['--device=tpu-v2'], 'go with --fit'))
-  def test_bad_input_exits_2_before_running(self, args, message):
-    proc = _cli('check', *args, _PROGRAM)
-    self.assertEqual(proc.returncode, 2)
-    self.assertIn(message, proc.stderr)
+      ('check_fit_with_accumulate', 'check',
+       ['--fit', '--device=tpu-v2', '--accumulate=2'], 'chooses --accumulate'),
+      ('check_no_target', 'check', ['--fit'], 'exactly one of --device'),
+      ('check_device_without_fit', 'check', ['--device=tpu-v2'],
+       'go with --fit'),
+      ('run_unknown_device', 'run', ['--fit', '--device=tpu-v9'],
+       'tpu-v2, tpu-v3'),
+      ('run_budget_not_a_size', 'run', ['--fit', '--memory_budget=lots'],
+       'is not a size'),
+      ('run_fit_with_accumulate', 'run',
+       ['--fit', '--device=tpu-v2', '--accumulate=2'], 'chooses --accumulate'),
+      ('run_fit_with_recompute', 'run',
+       ['--fit', '--device=tpu-v2', '--recompute'],
+       'chooses --accumulate and --recompute'),
+      ('run_budget_without_fit', 'run', ['--memory_budget=1GiB'],
+       'go with --fit'))
+  def test_bad_input_exits_2_before_running(self, command, args, message):
+    from estimator_bf16.apps import cli  # pylint: disable=g-import-not-at-top
+    from estimator_bf16.runner import program as runner  # pylint: disable=g-import-not-at-top
+
+    def must_not_run(*args, **kwargs):
+      raise AssertionError('the program ran: %s %s' % (args, kwargs))
+
+    # The environment cli.main sets for a run is this process's: restored.
+    with mock.patch.dict(os.environ), \
+        mock.patch.object(runner, 'run_program', must_not_run), \
+        mock.patch('sys.stderr', new_callable=io.StringIO) as stderr:
+      code = cli.main([command, *args, _PROGRAM])
+    self.assertEqual(code, cli.EXIT_USAGE)
+    self.assertIn(message, stderr.getvalue())
+    self.assertNotIn('Traceback', stderr.getvalue())
 
 
 def _measured(proc, name):
@@ -566,38 +677,30 @@ class RunFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(_measured(proc, 'tensors'),
                      round(data['peak_step_bytes'] / MiB, 1))
 
+
+@pytest.mark.slow
+class RunFitChoiceCommandTest(tf.test.TestCase):
+  """`run --fit` where its choice, not the measured peak, is the point: on
+  the small text program."""
+
   def test_nothing_fits_trains_nothing(self):
-    program, output = self._program('bert_style')
-    proc = _cli('run', '--fit', '--memory_budget=100KiB', *program)
+    program, model_dir = _text_program(self)
+    proc = _cli('run', '--fit', '--memory_budget=100KiB', program, model_dir)
     self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
     self.assertIn('nothing fits', proc.stderr)
     self.assertIn('num_cores_per_replica=2', proc.stderr)
     self.assertIn('nothing trained', proc.stderr)
-    self.assertNotIn('eval accuracy', proc.stdout)
-    self.assertIsNone(tf.train.latest_checkpoint(output))
+    self.assertNotIn('the program trained', proc.stdout)
+    self.assertIsNone(tf.train.latest_checkpoint(model_dir))
 
   def test_precision_float32_wins_over_the_fit(self):
-    program, _ = self._program('bert_style')
+    program, model_dir = _text_program(self)
     proc = _cli('run', '--fit', '--memory_budget=1GiB', '--precision=float32',
-                *program)
+                program, model_dir)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn('\nprecision: float32\n', proc.stderr)
     self.assertIn('fit: float32, chosen for 1024.0 MiB', proc.stderr)
-
-  @parameterized.named_parameters(
-      ('unknown_device', ['--fit', '--device=tpu-v9'], 'tpu-v2, tpu-v3'),
-      ('budget_not_a_size', ['--fit', '--memory_budget=lots'],
-       'is not a size'),
-      ('fit_with_accumulate', ['--fit', '--device=tpu-v2', '--accumulate=2'],
-       'chooses --accumulate'),
-      ('fit_with_recompute', ['--fit', '--device=tpu-v2', '--recompute'],
-       'chooses --accumulate and --recompute'),
-      ('budget_without_fit', ['--memory_budget=1GiB'], 'go with --fit'))
-  def test_bad_input_exits_2_before_running(self, args, message):
-    proc = _cli('run', *args, _PROGRAM)
-    self.assertEqual(proc.returncode, 2)
-    self.assertIn(message, proc.stderr)
-    self.assertNotIn('Traceback', proc.stderr)
+    self.assertIn('the program trained', proc.stdout)
 
 
 class CtrlCWhilePlanningTest(tf.test.TestCase, parameterized.TestCase):
@@ -621,11 +724,13 @@ class CtrlCWhilePlanningTest(tf.test.TestCase, parameterized.TestCase):
 
 class RunReportTest(tf.test.TestCase):
 
+  @pytest.mark.slow
   def test_run_report_json_matches_the_printed_report(self):
     folder = self.create_tempdir().full_path
     report = os.path.join(folder, 'run.json')
+    program, model_dir = _text_program(self)
     proc = _cli('run', '--memory', '--accumulate=2', '--report=' + report,
-                _PROGRAM, '--output_dir=' + folder, '--num_train_steps=4')
+                program, model_dir)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     with open(report) as f:
       data = json.load(f)
@@ -650,12 +755,6 @@ class RunReportTest(tf.test.TestCase):
                       proc.stderr)
     self.assertAlmostEqual(100 * data['bfloat16_flop_share'],
                            float(share.group(1)), places=1)
-
-  def test_an_unwritable_report_is_one_line(self):
-    proc = _cli('check', '--report=/nonexistent/dir/r.json', _PROGRAM,
-                '--output_dir=' + self.create_tempdir().full_path)
-    self.assertIn('estimator_bf16: error: --report /nonexistent/dir/r.json: '
-                  'No such file or directory', proc.stderr)
 
 
 if __name__ == '__main__':
