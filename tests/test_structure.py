@@ -267,6 +267,71 @@ class LayoutTest(tf.test.TestCase):
             'README names estimator_bf16/%s/%s' % (folder, module))
 
 
+# The tests that are about the repository as a whole rather than one
+# package folder: they stay at the top of tests/.
+_REPOSITORY_TESTS = ('test_benchmark.py', 'test_corpus.py',
+                     'test_docs_commands.py', 'test_packaging.py',
+                     'test_structure.py')
+
+
+def mirror_problems(tests_dir, package_dir):
+  """What breaks "tests/ mirrors the package" in `tests_dir`, as strings.
+
+  Each folder of `tests_dir` but `support/` is named for a folder of
+  `package_dir` and holds only test modules; helpers live in `support/`;
+  the top holds the repository-wide tests, conftest.py and plugins only.
+  """
+  problems = []
+  folders = {e for e in os.listdir(package_dir)
+             if os.path.isdir(os.path.join(package_dir, e)) and
+             e != '__pycache__'}
+  for entry in sorted(os.listdir(tests_dir)):
+    path = os.path.join(tests_dir, entry)
+    if entry == '__pycache__':
+      continue
+    if os.path.isdir(path):
+      if entry == 'support':
+        continue
+      if entry not in folders:
+        problems.append('tests/%s/ names no package folder' % entry)
+        continue
+      for name in sorted(os.listdir(path)):
+        if name.endswith('.py') and not (name.startswith('test_') or
+                                         name == '__init__.py'):
+          problems.append('tests/%s/%s is not a test module (helpers go '
+                          'in tests/support/)' % (entry, name))
+    elif entry.startswith('test_') and entry not in _REPOSITORY_TESTS:
+      problems.append('tests/%s belongs in the folder of the package '
+                      'folder it tests' % entry)
+  return problems
+
+
+class TestsMirrorThePackageTest(tf.test.TestCase):
+  """tests/ mirrors the package: the test of levers/recompute.py is
+  tests/levers/test_recompute.py."""
+
+  def test_tests_mirror_the_package(self):
+    self.assertEqual(
+        mirror_problems(os.path.join(_REPO, 'tests'), _PACKAGE), [])
+
+  def test_the_mirror_check_sees_a_stray_file_and_folder(self):
+    root = self.create_tempdir().full_path
+    package, tests = os.path.join(root, 'pkg'), os.path.join(root, 'tests')
+    os.makedirs(os.path.join(package, 'levers'))
+    for folder in ('levers', 'lever', 'support'):
+      os.makedirs(os.path.join(tests, folder))
+    for name in ('levers/test_recompute.py', 'levers/models.py',
+                 'support/models.py', 'test_recompute.py', 'conftest.py',
+                 'test_structure.py'):
+      open(os.path.join(tests, name), 'w').close()
+    self.assertEqual(mirror_problems(tests, package), [
+        'tests/lever/ names no package folder',
+        'tests/levers/models.py is not a test module (helpers go in '
+        'tests/support/)',
+        'tests/test_recompute.py belongs in the folder of the package '
+        'folder it tests'])
+
+
 class OneHomePerFactTest(tf.test.TestCase):
 
   def test_matmul_conv_and_variable_op_names_only_in_op_lists(self):
