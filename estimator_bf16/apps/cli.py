@@ -304,7 +304,8 @@ def main(argv=None):
         tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
         gradient_accumulation_steps=args.accumulate,
         recompute=args.recompute, kernels=args.kernels,
-        plan_fn=plan_fn, xla_fn=xla_fn, seed=getattr(args, 'seed', None))
+        plan_fn=plan_fn, xla_fn=xla_fn, seed=getattr(args, 'seed', None),
+        verbose=args.verbose)
   except runner.ProgramError as e:
     return _error(str(e))
   except KeyboardInterrupt:

@@ -10,6 +10,7 @@ gradients of these ops read bfloat16 tensors, not float32 copies.
 """
 
 import tensorflow as tf
+from tensorflow.python.eager import execute
 
 from estimator_bf16.autocast import casts
 from estimator_bf16.autocast import gradients as autocast_gradients
@@ -83,6 +84,9 @@ def remember_rounding(op_type, name, keywords):
   Returns:
     `_apply_op_helper`'s 4-tuple for the cast, built as asked.
   """
+  exact = _float32_original_of_cast(name, keywords)
+  if exact is not None:
+    return exact
   result = state.original_apply_op(op_type, name=name, **keywords)
   source = keywords.get('x')
   outputs = result[3]
@@ -128,3 +132,90 @@ def float32_keep_dtype(op_def, op_type, name, keywords):
       output = value
     rounded.append(output)
   return structure, stateful, op, rounded
+
+
+def _float32_original_of_cast(name, keywords):
+  """A cast of a rounding back to float32 is its float32 original.
+
+  `tf.compat.v1.losses` casts the per-example loss (a bfloat16 rounding of
+  the float32 cross-entropy, see `remember_rounding`) to float32 before
+  weighting and reducing it; casting the rounding would put a bfloat16
+  rounding inside the loss. The original is handed on under the cast's
+  name (an `Identity`, so names that programs fetch stay valid).
+
+  Args:
+    name: the cast's name (`tf.cast` always gives one).
+    keywords: the cast's keyword arguments (`x`, `DstT`).
+
+  Returns:
+    `_apply_op_helper`'s 4-tuple of the `Identity`, or None when `x` is not
+    the rounding of a float32-list result (softmax excepted), the cast is
+    not to float32, or a gradient tape records the op (it would read the
+    cast's attributes).
+  """
+  source = keywords.get('x')
+  if (not isinstance(source, tf.Tensor) or
+      source.dtype.base_dtype not in rounding.HALF_DTYPES or
+      tf.as_dtype(keywords.get('DstT')) != tf.float32 or
+      execute.must_record_gradient()):
+    return None
+  original = rounding.float32_original(source)
+  # Only a loss's rounding (a float32-list result that TensorFlow's loss
+  # code cast): softmax gradients cast their rounding back on purpose, so
+  # that the backward pass keeps no float32 copy of the probabilities.
+  if (original is None or original.graph is not source.graph or
+      original.op.type in op_lists.FLOAT32_KEEP_DTYPE_OPS or
+      not _float32_list_result(original)):
+    return None
+  return state.original_apply_op('Identity', name=name, input=original)
+
+
+def float32_twin(op_def, op_type, keywords, result):
+  """Remembers the float32 value of scalar arithmetic on float32 values.
+
+  `loss_a + loss_b`, `loss * 0.5`, `tf.identity(loss)` and
+  `tf.compat.v1.losses.get_total_loss()` (an `Identity` or `AddN`) combine
+  losses that TensorFlow's loss code rounded to bfloat16. The op is built
+  as asked (its bfloat16 result is what the model code sees and
+  differentiates); a float32 twin of it, computed from the float32
+  originals, is remembered as the result's float32 original, so the loss
+  the model_fn returns, and every float32 op reading it, use the value
+  computed in float32. Only scalars get a twin: a loss is one number, and a
+  twin of an activation (a softmax after dropout) would hold a float32 copy
+  of a large tensor. The twin runs only if something reads it.
+
+  Args:
+    op_def: the op's `OpDef` proto.
+    op_type: one of `op_lists.FLOAT32_TWIN_OPS`.
+    keywords: the keyword arguments the op was built with, before
+      `casts.unify_mixed_inputs` changed them.
+    result: `_apply_op_helper`'s 4-tuple for the op as built.
+  """
+  outputs = result[3]
+  if (len(outputs) != 1 or outputs[0].dtype.base_dtype != tf.bfloat16 or
+      outputs[0].shape.rank != 0):
+    return
+  twin = dict(keywords)
+  rounded = False
+  for group in slots_lib.slots(op_def, twin).values():
+    for slot in group:
+      value = slots_lib.get(twin, slot)
+      dtype = slots_lib.dtype_of(value)
+      if dtype == tf.bfloat16:
+        original = rounding.float32_original(value)
+        if original is None and value.op.type != 'Const':
+          return  # A bfloat16 activation: the op is bfloat16 arithmetic.
+        rounded = rounded or original is not None
+        value = original if original is not None else tf.cast(value,
+                                                              tf.float32)
+      elif slots_lib.is_number(value):
+        value = tf.constant(value, tf.float32)
+      elif dtype != tf.float32:
+        return
+      slots_lib.put(twin, slot, value)
+  if not rounded:
+    return
+  twin_result = state.original_apply_op(op_type, name=result[2].name.split(
+      '/')[-1] + '_float32', **twin)
+  rounding.remember_float32_original(outputs[0], twin_result[3][0])
+

@@ -90,6 +90,7 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     if masked is not None:
       return masked
   casts.cast_fixed_type_args(op_def, keywords)
+  asked = None
   if (mode == 'bfloat16' and op_type in op_lists.BFLOAT16_OPS and
       weights.wants_bfloat16(op_def, keywords)):
     casts.cast_float32_inputs(op_def, keywords)
@@ -106,6 +107,10 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     if source is not None:
       keywords['x'] = source
   else:
+    if op_type in op_lists.FLOAT32_TWIN_OPS:
+      # The inputs as given, for a float32 twin of loss arithmetic.
+      asked = {key: list(value) if isinstance(value, list) else value
+               for key, value in keywords.items()}
     # Also under the float32 list alone: its float32 results meet the
     # bfloat16 tensors they came from in the very next op.
     casts.unify_mixed_inputs(op_def, keywords)
@@ -113,6 +118,8 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
       cpu_kernels.has_bfloat16_input(op_def, keywords)):
     return cpu_kernels.build_substituted(op_def, op_type, name, keywords)
   result = state.original_apply_op(op_type, name=name, **keywords)
+  if asked is not None:
+    float32_list.float32_twin(op_def, op_type, asked, result)
   if mode == 'bfloat16' and op_type == 'Mul':
     gelu_gradient.mark(result[2])
   return result

@@ -15,6 +15,7 @@ compat backend, and code below the Estimator needs them without importing
 either.
 """
 
+import functools
 import inspect
 
 # tf.estimator.ModeKeys' values (estimator_bf16.compat.ModeKeys uses these).
@@ -52,6 +53,78 @@ def arg_names(fn, what):
   parameters = signature(fn, what).parameters.values()
   return tuple(p.name for p in parameters
                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+def estimator_arg_names(fn):
+  """The argument names tf.estimator reads of `fn`, by its own rule.
+
+  TensorFlow 2.15's `function_utils.fn_args`, restated so that both
+  backends can hold a wrapper to it: a `functools.partial` gives its
+  function's positional-or-keyword names minus those it binds (a name
+  after a keyword-bound one stays, though `inspect.signature` makes it
+  keyword-only); a callable object gives its `__call__`'s, a bound method
+  its function's without `self`. Keyword-only names, and the names behind a
+  `functools.wraps` wrapper of `(*args, **kwargs)`, are not read.
+
+  Args:
+    fn: a callable.
+
+  Returns:
+    A tuple of str.
+  """
+  if isinstance(fn, functools.partial):
+    names = estimator_arg_names(fn.func)
+    return tuple(name for name in names[len(fn.args):]
+                 if name not in (fn.keywords or {}))
+  if hasattr(fn, '__call__') and inspect.ismethod(fn.__call__):
+    fn = fn.__call__
+  names = inspect.getfullargspec(fn).args
+  if inspect.ismethod(fn) and fn.__self__ is not None and names:
+    names = names[1:]
+  return tuple(names)
+
+
+def offered_signature(fn, what):
+  """A signature for a wrapper of `fn` that both rules read as `fn`'s.
+
+  Positional-or-keyword parameters named by `estimator_arg_names(fn)`
+  (what tf.estimator 2.15 passes), then `fn`'s other named parameters as
+  keyword-only (what this module's rule, `arg_names`, also passes), then
+  its `**kwargs`. A wrapper that forwards `(*args, **kwargs)` to `fn` and
+  carries this signature is called with exactly the arguments `fn` would
+  be called with, by either backend: copying `inspect.signature(fn)`
+  instead loses a keyword-bound partial's later names for tf.estimator.
+
+  Args:
+    fn: a callable.
+    what: its role in error messages, e.g. `'input_fn'`.
+
+  Returns:
+    An `inspect.Signature`.
+
+  Raises:
+    TypeError: `fn` is not callable or has no readable signature.
+  """
+  found = signature(fn, what)
+  read = estimator_arg_names(fn)
+  by_name = found.parameters
+  empty = inspect.Parameter.empty
+  positional = []
+  for name in read:
+    default = by_name[name].default if name in by_name else empty
+    if default is empty and positional and positional[-1].default is not empty:
+      # A keyword-bound partial's later names may lack defaults after one
+      # that has one; an Estimator passes them by name either way.
+      default = None
+    positional.append(inspect.Parameter(
+        name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
+  rest = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY,
+                            default=p.default)
+          for p in by_name.values()
+          if p.name not in read and p.kind not in (p.VAR_POSITIONAL,
+                                                   p.VAR_KEYWORD)]
+  var_keyword = [p for p in by_name.values() if p.kind == p.VAR_KEYWORD]
+  return inspect.Signature(positional + rest + var_keyword)
 
 
 def model_fn_arg_names(model_fn):

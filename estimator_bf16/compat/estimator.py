@@ -283,10 +283,14 @@ class Estimator(object):
         tf.compat.v1.summary.scalar('loss', spec.loss)
         scaffold = spec.scaffold or tf.compat.v1.train.Scaffold()
         checkpoints.add_saver(scaffold, self._config)
-        training_loop.run(
+        loss = training_loop.run(
             spec, scaffold, input_hooks, hooks, steps, max_steps,
             saving_listeners, self._config, strategy, chief, scratch,
             self._session_config(strategy))
+    # tf.estimator's line, word for word and on its logger (which
+    # `tf.compat.v1.logging.set_verbosity` controls); people and scripts
+    # read it.
+    tf.compat.v1.logging.info('Loss for final step: %s.', loss)
     return self
 
   # --- evaluate.
@@ -320,9 +324,6 @@ class Estimator(object):
           spec, input_hooks, hooks, steps, checkpoint_path,
           self._session_config(strategy))
     evaluation.write_summary(results, self._model_dir, name)
-    logging.info('Evaluation at step %d: %s', results['global_step'],
-                 ', '.join('%s = %s' % item for item in sorted(
-                     results.items())))
     return results
 
   # --- predict.

@@ -75,6 +75,13 @@ def write_summary(results, model_dir, name):
     name: None, or the evaluation's name (directory `eval_<name>`).
   """
   directory = os.path.join(model_dir, 'eval' if not name else 'eval_' + name)
+  # tf.estimator's line (`_write_dict_to_summary`), word for word and on its
+  # logger, which `tf.compat.v1.logging.set_verbosity` controls.
+  tf.compat.v1.logging.info(
+      'Saving dict for global step %d: %s', int(results['global_step']),
+      ', '.join('%s = %s' % (key, value)
+                for key, value in sorted(results.items())
+                if not isinstance(value, bytes)))
   summary = tf.compat.v1.Summary()
   for key, value in sorted(results.items()):
     if key == tf.compat.v1.GraphKeys.GLOBAL_STEP:

@@ -159,15 +159,20 @@ def _open_session(task_hooks, chief_hooks, scaffold, config, model_dir,
 def _run_steps(session, spec, strategy, deadline):
   """Runs train steps until the session stops; closes the session.
 
+  Returns:
+    The loss of the last step run (a numpy float32 scalar), or None if no
+    step ran.
+
   Raises:
     distribute.WorkerFailure: a step failed because another task of a
       multi-worker job failed or stopped answering.
   """
+  loss = None
   try:
     with session:
       try:
         while not session.should_stop():
-          session.run([spec.train_op, spec.loss])
+          _, loss = session.run([spec.train_op, spec.loss])
       except BaseException:
         # Before the session closes: a failed step's error, not the
         # backstop, is what the task reports.
@@ -183,6 +188,7 @@ def _run_steps(session, spec, strategy, deadline):
     # After a clean close: the final checkpoint save was watched too.
     if deadline:
       deadline.stop()
+  return loss
 
 
 def run(spec, scaffold, input_hooks, hooks, steps, max_steps,
@@ -203,6 +209,9 @@ def run(spec, scaffold, input_hooks, hooks, steps, max_steps,
       checkpoint and summary hooks write to.
     session_config: the `tf.compat.v1.ConfigProto` of the session.
 
+  Returns:
+    The loss of the last step run (numpy float32), or None if none ran.
+
   Raises:
     distribute.WorkerFailure: under a multi-worker strategy, another task
       failed or stopped answering.
@@ -215,4 +224,4 @@ def run(spec, scaffold, input_hooks, hooks, steps, max_steps,
                              scratch or model_dir, saving_listeners)
   session = _open_session(task_hooks, chief_hooks, scaffold, config,
                           model_dir, strategy, scratch, session_config)
-  _run_steps(session, spec, strategy, deadline)
+  return _run_steps(session, spec, strategy, deadline)

@@ -164,8 +164,10 @@ def wrap_input_fn(input_fn, precision, exclude=()):
 
   Args:
     input_fn: called as TPUEstimator calls it (`input_fn(params)`,
-      `input_fn()`, or with `mode`/`config`); the wrapper keeps its
-      signature, so the Estimator passes the same arguments.
+      `input_fn()`, or with `mode`/`config`); any callable form (a
+      function, `functools.partial`, bound method, callable object). The
+      wrapper's signature is `calling.offered_signature(input_fn)`, so
+      either backend's Estimator passes it what it would pass `input_fn`.
     precision: `'float32'` or `'bfloat16'`.
     exclude: feature keys that stay as they are.
 
@@ -181,7 +183,7 @@ def wrap_input_fn(input_fn, precision, exclude=()):
       that is neither a Dataset nor tensors.
   """
   precision = precision_lib.parse_precision(precision)
-  signature = calling.signature(input_fn, 'input_fn')
+  signature = calling.offered_signature(input_fn, 'input_fn')
   if not precision.bfloat16:
     return input_fn
 

@@ -42,6 +42,11 @@ internal callers all create the same `Softmax` op.
   mixes of dtypes, the memory planner's aliases, recompute's ops to keep,
   the activation statistics' watched ops), named here once.
 
+* `FLOAT32_TWIN_OPS`: scalar arithmetic on losses (sums, scales,
+  identities) that also gets a float32 twin when its bfloat16 inputs are
+  roundings of float32 values, so a loss combined from TensorFlow's rounded
+  losses is still the value computed in float32.
+
 * `LOSS_TAIL_OPS`: besides rearrangements, the ops TensorFlow's loss code
   puts between a float32-list op and the cast that rounds its result (the
   final division of a mean); that cast is still a rounding of a float32
@@ -145,6 +150,16 @@ REF_CONTROL_FLOW_OPS = frozenset('Ref' + op for op in CONTROL_FLOW_OPS)
 # Ops between a float32-list op and the rounding cast in TensorFlow's own
 # loss code, besides rearrangements (the final division of a mean).
 LOSS_TAIL_OPS = frozenset(['DivNoNan', 'RealDiv', 'Neg', 'Mul'])
+
+# Arithmetic that combines losses: scalar results of these ops, when their
+# bfloat16 inputs are roundings of float32 values, also get a float32 twin
+# computed from the float32 values (`autocast.float32_list.float32_twin`).
+# `tf.identity(loss)`, `loss_a + loss_b`, `loss * 0.5` and
+# `tf.compat.v1.losses.get_total_loss()` (an Identity or AddN) build them.
+FLOAT32_TWIN_OPS = frozenset([
+    'Identity', 'AddV2', 'Add', 'AddN', 'Sub', 'Mul', 'RealDiv', 'Div',
+    'DivNoNan', 'Neg', 'Maximum', 'Minimum',
+])
 
 # bfloat16 kernels that are slower on a CPU than their float32 twin plus
 # the two casts around it, by CPU kind (`cpu_kernels`): there autocast

@@ -30,6 +30,7 @@ from estimator_bf16.levers import accumulation
 from estimator_bf16.memory import peak as memory_lib
 from estimator_bf16.platform import backend
 from estimator_bf16.platform import patching
+from estimator_bf16.runner import results
 from estimator_bf16.runner import run_state
 from estimator_bf16.runner import train_steps
 from estimator_bf16.runner import tpu_resolver
@@ -139,19 +140,20 @@ def _refuse_tpu_without_tpu(config):
   somewhere unrelated.
 
   Raises:
-    ValueError: one line with both ways out.
+    results.NoTpuError: one line with both ways out (a ValueError, and a
+      `results.Refusal`, which `run` prints without a traceback).
   """
   way_out = ("Pass the TPU name (e.g. --tpu=NAME, or 'local' on a TPU VM), "
              'or --use_tpu=false to run on this CPU.')
   cluster = getattr(config, 'cluster', None)
   if isinstance(cluster, tpu_resolver.LocalClusterResolver):
-    raise ValueError(
+    raise results.NoTpuError(
         'TPUEstimator(use_tpu=True), but the program named no TPU: its '
         'TPUClusterResolver(%r) got the local stand-in. %s' %
         (cluster.requested, way_out))
   if (cluster is None and not getattr(config, 'master', '') and
       not tpu_resolver.tpu_present()):
-    raise ValueError(
+    raise results.NoTpuError(
         "TPUEstimator(use_tpu=True), but the program named no TPU: its "
         "RunConfig has master '' and no cluster, and this host has no TPU. "
         '%s' % way_out)

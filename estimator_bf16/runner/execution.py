@@ -22,6 +22,7 @@ from absl import flags
 import estimator_bf16 as eb
 from estimator_bf16.platform import backend
 from estimator_bf16.platform import shown_paths
+from estimator_bf16.runner import results
 from estimator_bf16.runner import run_state
 from estimator_bf16.runner import tf1 as tf1_lib
 
@@ -177,7 +178,7 @@ def tf1_scope(program, folders, tf1, result):
   return tf1_lib.Tf1Scope(folders) if result.tf1 else None
 
 
-def run_as_main(program, init_globals, folders, result):
+def run_as_main(program, init_globals, folders, result, verbose=False):
   """Runs `program` as `__main__`; records how it ended in `result`.
 
   Args:
@@ -187,6 +188,7 @@ def run_as_main(program, init_globals, folders, result):
     folders: the folders of the program's own code, for `reason`.
     result: the `RunResult` whose `exit_code`, `error`, `reason`,
       `stopped_by` and `stop_checkpoint` are set.
+    verbose: also print the traceback of a `results.Refusal`.
   """
   try:
     runpy.run_path(program, init_globals=init_globals, run_name='__main__')
@@ -200,10 +202,15 @@ def run_as_main(program, init_globals, folders, result):
     result.exit_code = 128 + signal.Signals[e.signal_name].value
   except SystemExit as e:
     result.exit_code = _exit_code(e)
-  except tf1_lib.UnmappedContribError as e:
-    # The message names the symbol and the program's line: the
-    # traceback through the import machinery adds nothing.
+  except results.Refusal as e:
+    # The package's own refusal (an unmapped tf.contrib symbol, a missing
+    # TPU): the message names the cause and the way out; the traceback,
+    # through the import machinery or this package, adds nothing unless
+    # asked for.
     result.error = result.reason = '%s: %s' % (type(e).__name__, e)
+    if verbose:
+      print(''.join(traceback.format_exception(type(e), e, e.__traceback__)),
+            end='', file=sys.stderr)
     print(result.error, file=sys.stderr)
     result.exit_code = 1
   except KeyboardInterrupt:

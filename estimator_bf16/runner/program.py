@@ -104,7 +104,8 @@ def _first_line(text, limit=300):
 def run_program(program, args=(), precision='bfloat16', audit='strict',
                 exclude=(), memory=False, check=False, plan_fn=None,
                 tf1=None, tf1_paths=(), gradient_accumulation_steps=1,
-                recompute=False, kernels='auto', xla_fn=None, seed=None):
+                recompute=False, kernels='auto', xla_fn=None, seed=None,
+                verbose=False):
   """Runs `program` as `__main__` with its Estimators in `precision`.
 
   Args:
@@ -138,6 +139,8 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       `tf_random_seed` (over the program's), so runs in either precision
       draw the same unseeded random data. Op seeds follow the order ops are
       made in, so initializers made after a cast may still differ.
+    verbose: a refusal of the package's own (`results.Refusal`) also
+      prints its traceback; without it, one line.
 
   Returns:
     A `RunResult`. The program's traceback (if it raised) is printed to
@@ -182,7 +185,8 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       # with the run; the Estimator still builds graphs of its own.
       stack.enter_context(tf.Graph().as_default())
     stack.enter_context(execution.program_argv(program, args))
-    execution.run_as_main(program, program_globals, folders, result)
+    execution.run_as_main(program, program_globals, folders, result,
+                          verbose)
     if (check and plan_fn is not None and result.train_graph is not None
         and result.train_graph.features is not None):
       try:

@@ -11,8 +11,24 @@ from typing import Any, List, Optional
 from estimator_bf16.precision import policy as precision_lib
 
 
-class ProgramError(ValueError):
+class Refusal(Exception):
+  """A refusal of the package's own: its message is the whole story.
+
+  The runner's refusals (a bad option, a missing TPU, an unmapped
+  `tf.contrib` symbol) derive from this besides their usual type, so
+  `run` and `check` recognise them by type, not by message: they print
+  `Type: message` on one line, without the traceback through the
+  package's internals, unless `--verbose` is given. Errors of the program
+  itself keep their traceback.
+  """
+
+
+class ProgramError(Refusal, ValueError):
   """The program cannot be run at all (missing file, bad options)."""
+
+
+class NoTpuError(Refusal, ValueError):
+  """`TPUEstimator(use_tpu=True)` on a host with no TPU the program named."""
 
 
 @dataclasses.dataclass

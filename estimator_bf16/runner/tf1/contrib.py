@@ -28,6 +28,7 @@ import tensorflow as tf
 
 import estimator_bf16
 from estimator_bf16.platform import shown_paths
+from estimator_bf16.runner import results
 from estimator_bf16.runner.tf1 import hparams
 
 # The installed package's folder (not this subpackage's): its code is never
@@ -35,7 +36,7 @@ from estimator_bf16.runner.tf1 import hparams
 _PACKAGE_DIR = os.path.abspath(estimator_bf16.__path__[0])
 
 
-class UnmappedContribError(ImportError):
+class UnmappedContribError(results.Refusal, ImportError):
   """A `tf.contrib` name without a successor; the message is one line."""
 
 
