@@ -131,6 +131,8 @@ TF_LATEST_DEFAULT=(
   tests/levers/test_accumulation.py tests/levers/test_recompute.py
   tests/memory/test_fit.py tests/autocast/test_cpu_kernels.py
   tests/memory/test_xla_step.py tests/compat/test_keras_to_estimator.py
+  tests/autocast/test_loss_table.py tests/compat/test_log_lines.py
+  tests/estimator/test_callable_forms.py tests/runner/test_refusals.py
 )
 TF_LATEST_DESELECT=(
   tests/distribute/test_multi_worker.py::LaunchTest
