@@ -177,8 +177,14 @@ class MnistReaderTest(tf.test.TestCase, parameterized.TestCase):
 
 class DigitsTest(tf.test.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # Converted once for the tests that read the converted set.
+    cls.digits = digits.digits_as_mnist()
+
   def test_digits_look_like_mnist(self):
-    images, labels = digits.digits_as_mnist()
+    images, labels = self.digits
     self.assertEqual(images.shape, (1797, 28, 28))
     self.assertEqual(images.dtype, np.uint8)
     self.assertEqual(images.max(), 255)
@@ -188,7 +194,7 @@ class DigitsTest(tf.test.TestCase):
     self.assertEqual(images[:, :, -2:].max(), 0)
 
   def test_split_is_fixed_and_disjoint(self):
-    images, labels = digits.digits_as_mnist()
+    images, labels = self.digits
     index = np.arange(len(labels))
     (_, train), (_, test) = digits.split(images, index, seed=0)
     (_, train_again), _ = digits.split(images, index, seed=0)
@@ -203,7 +209,7 @@ class DigitsTest(tf.test.TestCase):
     out_dir = self.create_tempdir().full_path
     self.assertEqual(digits.write_digits(out_dir), {'train': 1437,
                                                     'test': 360})
-    _, (test_images, test_labels) = digits.split(*digits.digits_as_mnist())
+    _, (test_images, test_labels) = digits.split(*self.digits)
     _, test_file = mnist_input.data_files(out_dir)
     input_fn = mnist_input.mnist_input_fn_builder(test_file,
                                                   is_training=False)

@@ -1,6 +1,8 @@
 """Tests for the ResNet and BERT input pipelines, on records written here."""
 
 import os
+import shutil
+import tempfile
 
 from absl.testing import parameterized
 import numpy as np
@@ -40,22 +42,29 @@ def _read(input_fn, params, max_batches):
 
 class ImageNetInputTest(tf.test.TestCase, parameterized.TestCase):
 
-  def setUp(self):
-    super().setUp()
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # Written once for the class: every test only reads them.
+    cls.directory = tempfile.mkdtemp()
     rng = np.random.RandomState(0)
-    directory = self.get_temp_dir()
     # Two files of five images each, in odd sizes; the first image of each
     # file is one flat colour, to check normalisation; labels 1..10.
-    self.labels = []
+    cls.labels = []
     for shard in range(2):
       images = [rng.randint(0, 256, size=(40 + 7 * i, 60 - 5 * i, 3))
                 for i in range(5)]
       images[0] = np.tile(np.array([200, 100, 50], np.uint8), (48, 64, 1))
       labels = [shard * 5 + i + 1 for i in range(5)]
       record_writers.write_imagenet_tfrecord(
-          os.path.join(directory, 'train-%05d' % shard), images, labels)
-      self.labels += labels
-    self.pattern = os.path.join(directory, 'train-*')
+          os.path.join(cls.directory, 'train-%05d' % shard), images, labels)
+      cls.labels += labels
+    cls.pattern = os.path.join(cls.directory, 'train-*')
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.directory, ignore_errors=True)
+    super().tearDownClass()
 
   @parameterized.named_parameters(*_PRECISIONS)
   def test_eval_reads_once_with_dtypes_and_shapes(self, precision, dtype):
