@@ -10,6 +10,8 @@ the last micro-batch alone) differs by 1e-2 or more.
 
 import io
 import os
+import shutil
+import tempfile
 from unittest import mock
 
 from absl.testing import parameterized
@@ -175,8 +177,48 @@ class _CountRuns(tf.compat.v1.train.SessionRunHook):
     self.runs += 1
 
 
+def _styles():
+  """{name: model_fn} of the trainings that several tests read."""
+  return {'adam': adam_model_fn, 'bert_style': bert_style_model_fn,
+          'batch_norm': batch_norm_model_fn,
+          'adamw': _package_optimizer_model_fn('adamw'),
+          'adafactor': _package_optimizer_model_fn('adafactor'),
+          'ref_variables': ref_variables(adam_model_fn),
+          'deep': deep_model_fn}
+
+
 class _Training(tf.test.TestCase, parameterized.TestCase):
   """Trains the test model_fns through make_tpu_estimator; no tests."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # Trainings several tests of the class read (adam at K=4 is the
+    # micro-batch test's, the one-update-per-micro-batch test's and the
+    # two-replica test's): each runs once, into a folder kept for the class.
+    cls._shared_folder = tempfile.mkdtemp()
+    cls._shared = {}
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls._shared_folder, ignore_errors=True)
+    super().tearDownClass()
+
+  def _shared_train(self, style, steps, backend, precision='float32',
+                    **kwargs):
+    """`_train` of _styles()[style] once per class: (model_dir, runs).
+
+    runs: the session runs of the training step (`_CountRuns`).
+    """
+    key = (style, steps, backend, precision, tuple(sorted(kwargs.items())))
+    if key not in self._shared:
+      counter = _CountRuns()
+      model_dir = self._train(
+          _styles()[style], steps, backend, precision=precision,
+          model_dir=tempfile.mkdtemp(dir=self._shared_folder),
+          hooks=[counter], **kwargs)
+      self._shared[key] = (model_dir, counter.runs)
+    return self._shared[key]
 
   def _train(self, model_fn, steps, backend, max_steps=_UPDATES,
              model_dir=None, precision='float32', hooks=(), **kwargs):
@@ -205,14 +247,8 @@ class AccumulationTest(_Training):
                       'adafactor', 'ref_variables')
         for backend, _ in _backends()])
   def test_micro_batches_equal_the_big_batch(self, style, backend):
-    model_fn = {'adam': adam_model_fn, 'bert_style': bert_style_model_fn,
-                'batch_norm': batch_norm_model_fn,
-                'adamw': _package_optimizer_model_fn('adamw'),
-                'adafactor': _package_optimizer_model_fn('adafactor'),
-                'ref_variables': ref_variables(adam_model_fn)}[style]
-    counter = _CountRuns()
-    accumulated = self._train(model_fn, 4, backend, hooks=[counter])
-    big = self._train(model_fn, 1, backend)
+    accumulated, runs = self._shared_train(style, 4, backend)
+    big, _ = self._shared_train(style, 1, backend)
     if style == 'batch_norm':
       # Batch norm normalizes each micro-batch by its own statistics (as
       # documented), so the updates differ; they must still be updates of
@@ -226,14 +262,13 @@ class AccumulationTest(_Training):
       self._assert_same_checkpoints(accumulated, big)
     reader = tf.train.load_checkpoint(accumulated)
     self.assertEqual(reader.get_tensor('global_step'), _UPDATES)
-    self.assertEqual(counter.runs, _UPDATES)
+    self.assertEqual(runs, _UPDATES)
 
   def test_with_the_numeric_guard(self):
     guarded = self._train(bert_style_model_fn, 4, 'compat',
                           numeric_guard=True)
-    self._assert_same_checkpoints(guarded,
-                                  self._train(bert_style_model_fn, 1,
-                                              'compat'))
+    self._assert_same_checkpoints(
+        guarded, self._shared_train('bert_style', 1, 'compat')[0])
 
   def test_the_bert_style_clip_is_engaged(self):
     # Without the clip the two runs would differ: proof that the clip (and
@@ -247,7 +282,7 @@ class AccumulationTest(_Training):
       apply = ScaledSgd(0.2).apply_gradients(zip(grads, tvars))
       return _spec(mode, loss, tf.group(apply,
                                         global_step.assign(global_step + 1)))
-    clipped = _checkpoint(self._train(bert_style_model_fn, 4, 'compat'))
+    clipped = _checkpoint(self._shared_train('bert_style', 4, 'compat')[0])
     free = _checkpoint(self._train(unclipped, 4, 'compat'))
     self.assertGreater(np.abs(clipped['logits/kernel'] -
                               free['logits/kernel']).max(), 1e-2)
@@ -255,7 +290,7 @@ class AccumulationTest(_Training):
   def test_one_update_per_micro_batch_would_differ(self):
     # The same micro-batches, each applied as its own update, end elsewhere:
     # the equality above is not an accident of the data.
-    accumulated = _checkpoint(self._train(adam_model_fn, 4, 'compat'))
+    accumulated = _checkpoint(self._shared_train('adam', 4, 'compat')[0])
     model_dir = self.create_tempdir().full_path
     estimator = eb.make_tpu_estimator(
         adam_model_fn, model_dir=model_dir, precision='float32',
@@ -303,7 +338,7 @@ class AccumulationTest(_Training):
     replicas = self._train(
         adam_model_fn, 2, 'compat', precision=precision,
         distribute=eb.make_strategy('mirrored', cpu_devices=2))
-    single = self._train(adam_model_fn, 4, 'compat', precision=precision)
+    single, _ = self._shared_train('adam', 4, 'compat', precision=precision)
     # bfloat16: each replica sums different micro-batches in bfloat16
     # before the float32 accumulators; see test_distribute's tolerance.
     self._assert_same_checkpoints(
@@ -418,7 +453,7 @@ class RecomputeTest(_Training):
 
     recomputed = self._train(deep_model_fn, 1, backend, recompute=True,
                              hooks=[Keep()])
-    plain = self._train(deep_model_fn, 1, backend)
+    plain, _ = self._shared_train('deep', 1, backend)
     self._assert_same_checkpoints(recomputed, plain, 1e-6)
     # The graph really recomputes: forward ops were copied.
     copies = [op for op in graphs[0].get_operations()
@@ -427,7 +462,7 @@ class RecomputeTest(_Training):
 
   def test_both_levers_equal_the_big_batch(self):
     both = self._train(deep_model_fn, 4, 'compat', recompute=True)
-    big = self._train(deep_model_fn, 1, 'compat')
+    big, _ = self._shared_train('deep', 1, 'compat')
     self._assert_same_checkpoints(both, big, 1e-5)
 
   @parameterized.named_parameters(*_backends())

@@ -389,6 +389,15 @@ class CompiledPlanTest(parameterized.TestCase):
       accumulated.with_accumulation(2)
 
 
+@functools.lru_cache(maxsize=None)
+def _bert_style_plan(precision, steps, recompute):
+  # Each plan builds the model twice (4 s here): a recompute case's plain
+  # plan is the plain or accumulate case's, built once.
+  return planning.plan_model(_BERT_STYLE, precision,
+                             gradient_accumulation_steps=steps,
+                             recompute=recompute)
+
+
 @pytest.mark.slow
 @pytest.mark.serial
 class MeasuredPeakTest(parameterized.TestCase):
@@ -413,9 +422,7 @@ class MeasuredPeakTest(parameterized.TestCase):
                                    gradient_accumulation_steps=steps,
                                    recompute=recompute)
     measured = step_memory.measure_step_memory(step)['peak_tensor_bytes']
-    plan = planning.plan_model(_BERT_STYLE, precision,
-                               gradient_accumulation_steps=steps,
-                               recompute=recompute)
+    plan = _bert_style_plan(precision, steps, recompute)
     # Without bfloat16 arithmetic the CPU's matmuls hold float32 copies,
     # which the planner adds on request; that model of them is coarser.
     emulated = cpu_bfloat16.emulated_kernels()
@@ -426,8 +433,7 @@ class MeasuredPeakTest(parameterized.TestCase):
     self.assertBetween(planning.relative_error(estimate, measured),
                        -tolerance, tolerance)
     if recompute:
-      plain = planning.plan_model(_BERT_STYLE, precision,
-                                  gradient_accumulation_steps=steps)
+      plain = _bert_style_plan(precision, steps, False)
       self.assertLess(estimate, plain.step_bytes(batch, upcast=emulated))
 
 

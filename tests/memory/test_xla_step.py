@@ -8,8 +8,11 @@ big batch compiled the same way and with the host version's checkpoints.
 """
 
 import contextlib
+import functools
 import json
 import os
+import shutil
+import tempfile
 import textwrap
 import types
 
@@ -26,6 +29,7 @@ from estimator_bf16.precision import policy
 from estimator_bf16.runner import xla_check
 from tensorflow.python.ops import control_flow_util
 from tests.levers import test_accumulation as models
+from tests.memory import test_fit
 from tests.runner import test_runner
 
 _K = 4
@@ -75,15 +79,28 @@ def _on_xla(model_fn, steps=1, precision='float32', **kwargs):
       gradient_accumulation_steps=steps, return_variables=True, **kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_on_xla(name, flow, steps=1, precision='float32', recompute=False):
+  """`_on_xla` of _MODEL_FNS[name] (or 'deep'), run once per module.
+
+  Several tests read the same loop (the big batch of adam, say): each
+  compile costs seconds, and the result (an `XlaStep` of numbers and
+  arrays) is only read.
+  """
+  model_fn = models.deep_model_fn if name == 'deep' else _MODEL_FNS[name]
+  with _control_flow(flow):
+    return _on_xla(model_fn, steps=steps, precision=precision,
+                   recompute=recompute)
+
+
 class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       *[('%s_%s' % (name, flow), name, flow) for name in _MODEL_FNS
         for flow in ('v1', 'v2')])
   def test_k_micro_batches_in_the_loop_equal_the_big_batch(self, name, flow):
-    with _control_flow(flow):
-      big = _on_xla(_MODEL_FNS[name])
-      accumulated = _on_xla(_MODEL_FNS[name], steps=_K)
+    big = _shared_on_xla(name, flow)
+    accumulated = _shared_on_xla(name, flow, steps=_K)
     # global_step counts updates: one per step of the device loop.
     self.assertEqual(big.global_step, _UPDATES)
     self.assertEqual(accumulated.global_step, _UPDATES)
@@ -101,7 +118,7 @@ class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
   def test_one_micro_batch_per_update_would_differ(self):
     # The comparison above can fail: an update from a quarter of the batch
     # trains other weights.
-    big = _on_xla(models.adam_model_fn)
+    big = _shared_on_xla('adam', 'v2')
     quarter = xla_step.train_loop_on_xla(
         models.adam_model_fn, models.input_fn,
         batch_size=models._BATCH // _K,  # pylint: disable=protected-access
@@ -130,16 +147,15 @@ class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
                           atol=_TOLERANCE, msg=name)
 
   def test_bfloat16_trains_in_the_loop(self):
-    result = _on_xla(models.adam_model_fn, steps=_K, precision='bfloat16')
+    result = _shared_on_xla('adam', 'v2', steps=_K, precision='bfloat16')
     self.assertEqual(result.global_step, _UPDATES)
     self.assertTrue(np.isfinite(result.loss))
     self.assertEqual(result.variables['hidden/kernel'].dtype, np.float32)
 
   @parameterized.named_parameters(('v1', 'v1'), ('v2', 'v2'))
   def test_with_recompute(self, flow):
-    with _control_flow(flow):
-      big = _on_xla(models.deep_model_fn)
-      both = _on_xla(models.deep_model_fn, steps=_K, recompute=True)
+    big = _shared_on_xla('deep', flow)
+    both = _shared_on_xla('deep', flow, steps=_K, recompute=True)
     for name in ('layer_0/kernel', 'logits/kernel'):
       self.assertAllClose(big.variables[name], both.variables[name],
                           rtol=_TOLERANCE, atol=_TOLERANCE, msg=name)
@@ -307,7 +323,7 @@ def _summary_then_string_model_fn(features, labels, mode, params):
 class XlaStepTest(tf.test.TestCase):
 
   def test_figures(self):
-    result = _on_xla(models.adam_model_fn)
+    result = _shared_on_xla('adam', 'v2')
     assignment = xla_dump.parse(result.assignment_path)
     self.assertEqual(result.total_bytes, assignment.total_bytes)
     # Inputs: _LOOP batches of 16 x 10 float32 features and int32 labels.
@@ -328,8 +344,8 @@ class XlaStepTest(tf.test.TestCase):
     self.assertGreaterEqual(result.product_dtypes['f32'], 4)
 
   def test_a_bfloat16_step_counts_its_products_by_type(self):
-    result = _on_xla(models.adam_model_fn, precision='bfloat16')
-    float32_step = _on_xla(models.adam_model_fn)
+    result = _shared_on_xla('adam', 'v2', precision='bfloat16')
+    float32_step = _shared_on_xla('adam', 'v2')
     # The same matmuls as the float32 build, each f32 or bf16, whichever
     # this XLA computes them in.
     self.assertEqual(sum(result.product_dtypes.values()),
@@ -374,7 +390,12 @@ class XlaStepTest(tf.test.TestCase):
                                  batch_size=16, precision='float32')
 
 
-_BERT_STYLE = 'models/tf1/bert_style/tf1_run_classifier.py'
+# test_fit's small text program in the TF 1.x API (`tf.get_variable`,
+# `tf.layers`, `tf.train`, as google-research/bert writes it), so the runner's
+# TF 1.x shim is on while check builds and XLA compiles the step. The command,
+# not the model, is tested here: the same command on the bert-style program
+# of docs/runner.md costs 19 s of CPU here, on this one 6 s.
+_TF1_TEXT_PROGRAM = test_fit._TEXT_PROGRAM.replace('tf.compat.v1.', 'tf.')  # pylint: disable=protected-access
 
 _UNCOMPILABLE_PROGRAM = textwrap.dedent('''\
     import tensorflow as tf
@@ -401,44 +422,79 @@ _UNCOMPILABLE_PROGRAM = textwrap.dedent('''\
     ''')
 
 
-class CheckXlaCommandTest(tf.test.TestCase):
+def _check_in_this_process(*args):
+  """`check ARGS` by cli.main here: (exit code, stderr).
 
-  def test_check_xla_with_the_levers_on_a_tf1_program(self):
-    output = self.create_tempdir().full_path
-    report = os.path.join(output, 'report.json')
-    proc = test_runner._cli(  # pylint: disable=protected-access
-        'check', '--xla', '--accumulate=2', '--report=' + report,
-        _BERT_STYLE, '--output_dir=' + output, '--num_train_steps=8')
-    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    self.assertIn('XLA step (the TRAIN step compiled by XLA', proc.stderr)
-    self.assertRegex(proc.stderr, r'batch 32 per core')
-    self.assertRegex(proc.stderr, r'4 steps ran: loss [0-9.]+, global_step 4')
-    self.assertIn('result: OK', proc.stderr)
-    with open(report) as f:
-      data = json.load(f)
-    self.assertGreater(data['xla_step_bytes'], 0)
-    self.assertGreaterEqual(data['xla_total_bytes'], data['xla_step_bytes'])
-    self.assertIsNone(data['xla_error'])
+  The command's exit code and report, without a second TensorFlow import
+  (the tests' XLA dump folder serves its compile, see tests/conftest.py).
+  """
+  with test_runner._cli_in_this_process() as main:  # pylint: disable=protected-access
+    code, _, stderr, _ = main('check', *args)
+  return code, stderr
+
+
+class CheckXlaCommandTest(tf.test.TestCase):
+  """`check --xla --accumulate=2` on a TF 1.x program, run once."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls._folder = tempfile.mkdtemp()
+    program = os.path.join(cls._folder, 'tf1_text_program.py')
+    with open(program, 'w') as f:
+      f.write(_TF1_TEXT_PROGRAM)
+    report = os.path.join(cls._folder, 'report.json')
+    cls.code, cls.stderr = _check_in_this_process(
+        '--xla', '--accumulate=2', '--report=' + report, program,
+        os.path.join(cls._folder, 'model'))
+    cls.data = None
+    if os.path.exists(report):
+      with open(report) as f:
+        cls.data = json.load(f)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls._folder, ignore_errors=True)
+    super().tearDownClass()
+
+  def test_the_command_passes_on_a_tf1_program(self):
+    self.assertEqual(self.code, 0, self.stderr[-3000:])
+    self.assertIn('TF 1.x API: on', self.stderr)
+    self.assertIn('result: OK', self.stderr)
+
+  def test_the_step_is_compiled_with_the_levers_and_runs(self):
+    self.assertIn('XLA step (the TRAIN step compiled by XLA', self.stderr)
+    # The update's batch: two micro-batches of 16.
+    self.assertRegex(self.stderr, r'batch 32 per core')
+    self.assertRegex(self.stderr,
+                     r'4 steps ran: loss [0-9.]+, global_step 4')
+
+  def test_the_report_has_xla_s_figures(self):
+    self.assertIsNotNone(self.data, self.stderr[-3000:])
+    self.assertGreater(self.data['xla_step_bytes'], 0)
+    self.assertGreaterEqual(self.data['xla_total_bytes'],
+                            self.data['xla_step_bytes'])
+    self.assertIsNone(self.data['xla_error'])
     # bfloat16 (the default): the report says how many products XLA
     # computed in bfloat16, and the JSON has the counts.
-    counts = data['xla_product_dtypes']
+    counts = self.data['xla_product_dtypes']
     self.assertGreater(sum(counts.values()), 0)
     self.assertIn('XLA computed %d of its %d matmuls and convolutions in '
                   'bfloat16 here' % (counts.get('bf16', 0),
-                                     sum(counts.values())), proc.stderr)
+                                     sum(counts.values())), self.stderr)
 
   def test_an_uncompilable_op_is_one_line_naming_the_program(self):
     folder = self.create_tempdir().full_path
     program = os.path.join(folder, 'uncompilable.py')
     with open(program, 'w') as f:
       f.write(_UNCOMPILABLE_PROGRAM)
-    proc = test_runner._cli('check', '--xla', program)  # pylint: disable=protected-access
-    self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
-    lines = [l for l in proc.stderr.splitlines() if l.startswith('XLA step')]
+    code, stderr = _check_in_this_process('--xla', program)
+    self.assertEqual(code, 1, stderr[-3000:])
+    lines = [l for l in stderr.splitlines() if l.startswith('XLA step')]
     self.assertLen(lines, 1)
     self.assertRegex(lines[0], r'XLA step: PROBLEM, .*XLA cannot compile '
                      r'(AsString|StringToNumber) .*uncompilable\.py:12')
-    self.assertIn('result: FAILED', proc.stderr)
+    self.assertIn('result: FAILED', stderr)
 
 
 class TilePaddingTest(tf.test.TestCase):
