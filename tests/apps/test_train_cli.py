@@ -73,6 +73,10 @@ def setUpModule():
 
 def tearDownModule():
   _CACHE.stop()
+  # pytest-xdist can leave a module and come back to it later in the same
+  # worker, and setUpModule then makes a new folder: runs cached in the old
+  # one go with it.
+  _run.cache_clear()
 
 
 def _run_cli(*arguments):

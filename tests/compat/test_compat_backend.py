@@ -510,7 +510,11 @@ def setUpModule():
 
 
 def tearDownModule():
+  # pytest-xdist can leave this module and come back to it later in the same
+  # worker (setUpModule runs again then): what was made here goes with the
+  # folder.
   shutil.rmtree(_PROTOCOL.pop('work_dir'), ignore_errors=True)
+  _PROTOCOL.clear()
 
 
 def _protocol_start():

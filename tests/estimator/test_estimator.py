@@ -40,6 +40,10 @@ def setUpModule():
 
 def tearDownModule():
   shutil.rmtree(_TRAINED.pop('root'), ignore_errors=True)
+  # pytest-xdist can leave a module and come back to it later in the same
+  # worker, and setUpModule then makes a new folder: runs cached in the old
+  # one go with it.
+  _TRAINED.clear()
 
 
 def _trained(precision):

@@ -64,6 +64,10 @@ def setUpModule():
 
 def tearDownModule():
   shutil.rmtree(_TMP.pop('root'), ignore_errors=True)
+  # pytest-xdist can leave a module and come back to it later in the same
+  # worker, and setUpModule then makes a new folder: runs cached in the old
+  # one go with it.
+  _run_legacy_program.cache_clear()
 
 
 def _cli_env(repo_on_path=True):

@@ -69,6 +69,10 @@ def setUpModule():
 
 def tearDownModule():
   shutil.rmtree(_TMP.pop('root'), ignore_errors=True)
+  # pytest-xdist can leave a module and come back to it later in the same
+  # worker, and setUpModule then makes a new folder: runs cached in the old
+  # one go with it.
+  _run.cache_clear()
 
 
 def _name(program):
