@@ -115,7 +115,9 @@ run_tf215() {
 # process, the corpus script's bookkeeping (test_runner and test_tf1 run
 # programs through the runner here), and the BERT-style case of the
 # measured `run --fit` (its mnist case runs here, through the compat
-# backend's own training loop).
+# backend's own training loop), and the cross-version test, which checks
+# both directions in one run (each TensorFlow continues and serves the
+# other's checkpoints and SavedModels).
 TF_LATEST_DEFAULT=(
   tests/precision/test_casting.py tests/precision/test_scope_and_float32_list.py
   tests/safety/test_audit.py tests/estimator/test_wrappers.py
@@ -138,6 +140,7 @@ TF_LATEST_DESELECT=(
   tests/distribute/test_multi_worker.py::LaunchTest
   tests/platform/test_quiet.py::DescriptorFilterTest
   tests/memory/test_fit.py::RunFitCommandTest::test_stays_within_60_percent_of_the_plain_peak1
+  tests/compat/test_compat_backend.py::CrossVersionTest
 )
 
 run_tf_latest() {
