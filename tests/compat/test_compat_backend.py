@@ -27,10 +27,8 @@ import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import unittest
 from unittest import mock
@@ -49,6 +47,7 @@ from estimator_bf16.platform import backend as backend_lib
 from tests.support import compat_protocol as protocol
 from tests.support import legacy_model
 from tests.support import paths
+from tests.support import scratch
 
 REPO = paths.REPO
 TOLERANCE = 1e-4
@@ -502,40 +501,31 @@ def _max_weight_gap(a, b):
   return max(np.max(np.abs(np.subtract(a[k], b[k]))) for k in a)
 
 
-_PROTOCOL = {}
+_SCRATCH = scratch.ModuleScratch()
 
 
 def setUpModule():
-  _PROTOCOL['work_dir'] = tempfile.mkdtemp()
+  _SCRATCH.start()
 
 
 def tearDownModule():
-  # pytest-xdist can leave this module and come back to it later in the same
-  # worker (setUpModule runs again then): what was made here goes with the
-  # folder.
-  shutil.rmtree(_PROTOCOL.pop('work_dir'), ignore_errors=True)
-  _PROTOCOL.clear()
+  _SCRATCH.stop()
 
 
+@_SCRATCH.cached
 def _protocol_start():
   """The float32 start checkpoint, made once by this TensorFlow's backend."""
-  if 'start' not in _PROTOCOL:
-    _PROTOCOL['start'] = protocol.make_start(eb.BACKEND,
-                                             _PROTOCOL['work_dir'])
-  return _PROTOCOL['start']
+  return protocol.make_start(eb.BACKEND, _SCRATCH.root)
 
 
+@_SCRATCH.cached
 def _protocol_run(backend, precision):
   """protocol.run from the shared start, once per (backend, precision).
 
   The backend agreement and the cross-version test both compare this
   TensorFlow's run of the protocol with another's: they share it.
   """
-  key = ('run', backend, precision)
-  if key not in _PROTOCOL:
-    _PROTOCOL[key] = protocol.run(backend, precision, _protocol_start(),
-                                  _PROTOCOL['work_dir'])
-  return _PROTOCOL[key]
+  return protocol.run(backend, precision, _protocol_start(), _SCRATCH.root)
 
 
 class BackendAgreementTest(tf.test.TestCase):

@@ -1,9 +1,7 @@
 """End to end: an unmodified legacy model_fn through make_tpu_estimator."""
 
 import os
-import shutil
 import sys
-import tempfile
 from unittest import mock
 
 from absl.testing import parameterized
@@ -15,6 +13,7 @@ import estimator_bf16 as eb
 from estimator_bf16.platform import tpu
 from estimator_bf16.safety import audit
 from tests.support import legacy_model
+from tests.support import scratch
 
 
 def _estimator(model_dir, precision, **kwargs):
@@ -31,36 +30,31 @@ def _input(fn, precision):
 # Every stated bound below holds after 100 steps: eval loss 0.11-0.12 in
 # both precisions on TensorFlow 2.15 and 2.21, accuracy 0.98.
 _TRAIN_STEPS = 100
-_TRAINED = {}
+_SCRATCH = scratch.ModuleScratch()
 
 
 def setUpModule():
-  _TRAINED['root'] = tempfile.mkdtemp()
+  _SCRATCH.start()
 
 
 def tearDownModule():
-  shutil.rmtree(_TRAINED.pop('root'), ignore_errors=True)
-  # pytest-xdist can leave a module and come back to it later in the same
-  # worker, and setUpModule then makes a new folder: runs cached in the old
-  # one go with it.
-  _TRAINED.clear()
+  _SCRATCH.stop()
 
 
+@_SCRATCH.cached
 def _trained(precision):
   """(model_dir, eval metrics) of one training per precision, shared.
 
   The end-to-end checks and the bfloat16-vs-float32 comparison read the
   same two runs.
   """
-  if precision not in _TRAINED:
-    model_dir = os.path.join(_TRAINED['root'], precision)
-    estimator = _estimator(model_dir, precision)
-    estimator.train(_input(legacy_model.train_input_fn, precision),
-                    max_steps=_TRAIN_STEPS)
-    metrics = estimator.evaluate(_input(legacy_model.eval_input_fn, precision),
-                                 steps=8)
-    _TRAINED[precision] = model_dir, metrics
-  return _TRAINED[precision]
+  model_dir = os.path.join(_SCRATCH.root, precision)
+  estimator = _estimator(model_dir, precision)
+  estimator.train(_input(legacy_model.train_input_fn, precision),
+                  max_steps=_TRAIN_STEPS)
+  metrics = estimator.evaluate(_input(legacy_model.eval_input_fn, precision),
+                               steps=8)
+  return model_dir, metrics
 
 
 def _train_graph(precision):

@@ -10,8 +10,6 @@ model_dir continues float32 -> bfloat16 -> float32.
 
 import functools
 import os
-import shutil
-import tempfile
 
 from absl.testing import parameterized
 import numpy as np
@@ -22,6 +20,7 @@ import estimator_bf16 as eb
 from estimator_bf16.precision import op_lists
 from estimator_bf16.models.styles import STYLES
 from estimator_bf16.safety import audit
+from tests.support import scratch
 
 MATRIX_OPS = op_lists.MATMUL_CONV_OPS
 MIN_OP_SHARE = 0.95
@@ -32,21 +31,16 @@ LOSS_TOLERANCE = 0.15
 ACCURACY_TOLERANCE = 0.04
 TRAIN_STEPS = 150
 STYLE_NAMES = sorted(STYLES)
-_tmp_root = None
+_SCRATCH = scratch.ModuleScratch()
 
 
 def setUpModule():
-  global _tmp_root
   tf.compat.v1.disable_eager_execution()
-  _tmp_root = tempfile.mkdtemp()
+  _SCRATCH.start()
 
 
 def tearDownModule():
-  shutil.rmtree(_tmp_root, ignore_errors=True)
-  # pytest-xdist can leave a module and come back to it later in the same
-  # worker, and setUpModule then makes a new folder: runs cached in the old
-  # one go with it.
-  _trained.cache_clear()
+  _SCRATCH.stop()
 
 
 def _compute_dtype(op):
@@ -147,14 +141,14 @@ def _train_and_evaluate(style, model_dir, precision, steps):
   return float(metrics['loss']), float(accuracy)
 
 
-@functools.lru_cache(maxsize=None)
+@_SCRATCH.cached
 def _trained(style, precision):
   """(model_dir, eval loss, eval accuracy) after TRAIN_STEPS from scratch.
 
   Trained once per module; the float32 model_dir then goes on training in
   the round-trip test (nothing else reads it).
   """
-  model_dir = os.path.join(_tmp_root, style, precision)
+  model_dir = os.path.join(_SCRATCH.root, style, precision)
   loss, accuracy = _train_and_evaluate(style, model_dir, precision,
                                        TRAIN_STEPS)
   return model_dir, loss, accuracy

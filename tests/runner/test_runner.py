@@ -9,14 +9,12 @@ exit codes, error paths, and that everything patched is put back.
 """
 
 import contextlib
-import functools
 import importlib.metadata
 import io
 import json
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +41,7 @@ from estimator_bf16.runner import report as run_report
 from estimator_bf16.runner import tpu_resolver
 from tests.support import waiting
 from tests.support import paths
+from tests.support import scratch
 
 _REPO = paths.REPO
 _PROGRAM = os.path.join('tests', 'support', 'legacy_tpu_main.py')
@@ -55,19 +54,15 @@ _PLANTED = os.path.join('tests', 'support', 'legacy_tpu_main_planted.py')
 # runs are not bit-reproducible), largest bfloat16/float32 gap 0.021.
 _ACCURACY_TOLERANCE = 0.03
 _LOSS_TOLERANCE = 0.05
-_TMP = {}
+_SCRATCH = scratch.ModuleScratch()
 
 
 def setUpModule():
-  _TMP['root'] = tempfile.mkdtemp()
+  _SCRATCH.start()
 
 
 def tearDownModule():
-  shutil.rmtree(_TMP.pop('root'), ignore_errors=True)
-  # pytest-xdist can leave a module and come back to it later in the same
-  # worker, and setUpModule then makes a new folder: runs cached in the old
-  # one go with it.
-  _run_legacy_program.cache_clear()
+  _SCRATCH.stop()
 
 
 def _cli_env(repo_on_path=True):
@@ -139,11 +134,11 @@ def _cli_in_this_process():
     os.chdir(cwd)
 
 
-@functools.lru_cache(maxsize=None)
+@_SCRATCH.cached
 def _run_legacy_program(precision):
   """Runs the acceptance program once per precision; returns (proc, dirs)."""
-  model_dir = os.path.join(_TMP['root'], precision)
-  results = os.path.join(_TMP['root'], precision + '.json')
+  model_dir = os.path.join(_SCRATCH.root, precision)
+  results = os.path.join(_SCRATCH.root, precision + '.json')
   proc = _cli('run', '--precision=' + precision, '--memory', _PROGRAM,
               '--use_tpu=false',
               '--model_dir=' + model_dir, '--results=' + results)
@@ -206,7 +201,7 @@ class ExampleProgramTest(tf.test.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    data_dir = os.path.join(_TMP['root'], 'digits')
+    data_dir = os.path.join(_SCRATCH.root, 'digits')
     digits.write_digits(data_dir)
     # What is checked is that it runs and in which dtypes, not how well it
     # learns: a few small steps (two TPU loops, a save after each).
@@ -279,7 +274,7 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
                              metrics['float32']['loss']), _LOSS_TOLERANCE)
 
   def test_sigterm_mid_training_keeps_the_step_and_a_rerun_resumes(self):
-    model_dir = os.path.join(_TMP['root'], 'preempted')
+    model_dir = os.path.join(_SCRATCH.root, 'preempted')
     args = [_PROGRAM, '--use_tpu=false', '--model_dir=' + model_dir]
     with tempfile.TemporaryFile('w+') as err:
       proc = subprocess.Popen(
@@ -321,7 +316,7 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
                      stopped + 5)
 
   def test_check_prints_audit_and_plan_without_training(self):
-    model_dir = os.path.join(_TMP['root'], 'check')
+    model_dir = os.path.join(_SCRATCH.root, 'check')
     # The command as docs/runner.md shows it: the program's own folder is
     # all it has on its path.
     proc = _cli('check', _PROGRAM, '--use_tpu=false',
@@ -363,7 +358,7 @@ class LegacyProgramTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_check_fails_on_planted_bfloat16_variable(self):
     # The exit code and report of the command, computed in this process.
-    model_dir = os.path.join(_TMP['root'], 'planted')
+    model_dir = os.path.join(_SCRATCH.root, 'planted')
     with _cli_in_this_process() as main:
       code, _, stderr, _ = main('check', _PLANTED, '--use_tpu=false',
                                 '--model_dir=' + model_dir)

@@ -10,7 +10,6 @@ its one-line error.
 
 import builtins as builtins_module
 import contextlib
-import functools
 import glob
 import importlib
 import io
@@ -20,7 +19,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import textwrap
 import threading
 import types
@@ -40,6 +38,7 @@ from estimator_bf16.runner.tf1 import module as module_lib
 from estimator_bf16.runner.tf1 import scope as scope_lib
 from tests.runner import test_runner
 from tests.support import paths
+from tests.support import scratch
 
 _REPO = paths.REPO
 _PROGRAMS = os.path.join('models', 'tf1')
@@ -60,19 +59,15 @@ _STEPS = {('bert_style', 'float32'): 80, ('bert_style', 'bfloat16'): 10,
 # 0.926-0.957 and loss 0.167-0.264 in both precisions.
 _TOLERANCE = {'bert_style': {'accuracy': 0.05, 'loss': 0.15},
               'resnet_style': {'accuracy': 0.06, 'loss': 0.15}}
-_TMP = {}
+_SCRATCH = scratch.ModuleScratch()
 
 
 def setUpModule():
-  _TMP['root'] = tempfile.mkdtemp()
+  _SCRATCH.start()
 
 
 def tearDownModule():
-  shutil.rmtree(_TMP.pop('root'), ignore_errors=True)
-  # pytest-xdist can leave a module and come back to it later in the same
-  # worker, and setUpModule then makes a new folder: runs cached in the old
-  # one go with it.
-  _run.cache_clear()
+  _SCRATCH.stop()
 
 
 def _name(program):
@@ -89,10 +84,10 @@ def _args(program, precision, model_dir, steps=None):
           '--train_steps=%d' % steps, '--precision=' + precision]
 
 
-@functools.lru_cache(maxsize=None)
+@_SCRATCH.cached
 def _run(program, precision):
   """Runs a TF 1.x program once per precision; returns (proc, model_dir)."""
-  model_dir = os.path.join(_TMP['root'], '%s_%s' % (_name(program),
+  model_dir = os.path.join(_SCRATCH.root, '%s_%s' % (_name(program),
                                                     precision))
   proc = test_runner._cli(  # pylint: disable=protected-access
       'run', '--precision=' + precision, '--memory', program,
@@ -188,7 +183,7 @@ class Tf1ProgramTest(tf.test.TestCase, parameterized.TestCase):
           tolerance[key], results)
 
   def test_check_builds_and_plans_a_tf1_program(self):
-    model_dir = os.path.join(_TMP['root'], 'checked')
+    model_dir = os.path.join(_SCRATCH.root, 'checked')
     # The command's exit code and report, computed in this process.
     with test_runner._cli_in_this_process() as main:  # pylint: disable=protected-access
       code, _, stderr, _ = main('check', _BERT, '--output_dir=' + model_dir)
