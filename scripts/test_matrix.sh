@@ -168,9 +168,16 @@ case "$WHICH" in
   *) echo "usage: $0 [all|tf215|tf-latest] [pytest args]" >&2; exit 2 ;;
 esac
 
+# Both at once: each is mostly waiting for downloads and disk.
 make_venvs() {
-  scripts/make_venv.sh .venv requirements.txt &&
-    scripts/make_venv.sh .venv-tf-latest requirements-tf-latest.txt
+  local first second status=0
+  scripts/make_venv.sh .venv requirements.txt &
+  first=$!
+  scripts/make_venv.sh .venv-tf-latest requirements-tf-latest.txt &
+  second=$!
+  wait "$first" || status=1
+  wait "$second" || status=1
+  return "$status"
 }
 timed virtualenvs make_venvs || exit 1
 
