@@ -155,7 +155,10 @@ def main(argv):
     raise app.UsageError('Unexpected arguments: %s' % ' '.join(argv[1:]))
   try:
     # Checks every option before TensorFlow builds anything.
-    with quiet.tensorflow_logs_once(hide_info=not flags.FLAGS.verbose):
+    # TensorFlow's deprecation notices (dozens, for the TPUEstimator API
+    # this command is built on) go too: nothing a user can act on.
+    with quiet.tensorflow_logs_once(hide_info=not flags.FLAGS.verbose), \
+        quiet.deprecation_notices_hidden():
       result = training.run(train_options.prepare(options_from_flags()))
   except KeyboardInterrupt:
     # Ctrl-C outside training, or a second one: stopped at once.

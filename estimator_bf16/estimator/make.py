@@ -304,7 +304,9 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       predict_batch_size=predict_batch_size,
       params=params,
       export_to_tpu=export_to_tpu,
-      eval_on_tpu=eval_on_tpu)
+      # Without a TPU there is nothing to choose, and TPUEstimator warns
+      # that it ignores eval_on_tpu=True.
+      eval_on_tpu=eval_on_tpu and use_tpu)
   if numeric_guard:
     guards.raise_guard_errors(estimator)
   return estimator

@@ -183,6 +183,10 @@ class FamilyTrainingTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(result['train_seconds'], 0)
     self.assertTrue(tf.io.gfile.exists(
         os.path.join(result['export_dir'], 'saved_model.pb')))
+    # TensorFlow's deprecation notices for the Estimator API it is built on
+    # are not the user's to act on (`--verbose` shows them).
+    self.assertNotIn('Instructions for updating', result['process'].stderr)
+    self.assertNotIn('eval_on_tpu ignored', result['process'].stderr)
 
 
 class OptionsTest(tf.test.TestCase, parameterized.TestCase):
