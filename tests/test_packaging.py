@@ -51,7 +51,10 @@ def installed(tmp_path_factory):
   assert built.returncode == 0, built.stderr
   (wheel,) = wheels.glob('estimator_bf16-*.whl')
   venv = root / 'venv'
-  created = _run([sys.executable, '-m', 'venv', str(venv)], cwd=str(root))
+  # No pip of its own (bootstrapping one takes seconds): the test's pip
+  # installs into it.
+  created = _run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
+                 cwd=str(root))
   assert created.returncode == 0, created.stderr
   bin_dir = venv / 'bin'
   python = str(bin_dir / 'python')
@@ -59,8 +62,9 @@ def installed(tmp_path_factory):
                'print(sysconfig.get_paths()["purelib"])'], cwd=str(root))
   with open(os.path.join(site.stdout.strip(), 'zz_test_deps.pth'), 'w') as f:
     f.write(sysconfig.get_paths()['purelib'] + '\n')
-  install = _run([python, '-m', 'pip', 'install', '--quiet', '--no-deps',
-                  '--no-index', str(wheel)], cwd=str(root))
+  install = _run([sys.executable, '-m', 'pip', '--python', python,
+                  'install', '--quiet', '--no-deps', '--no-index', str(wheel)],
+                 cwd=str(root))
   assert install.returncode == 0, install.stderr
   outside = root / 'elsewhere'
   outside.mkdir()
