@@ -50,6 +50,7 @@ from estimator_bf16.compat import calling
 from estimator_bf16.estimator import wrappers
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.platform import patching
+from estimator_bf16.platform import quiet
 from estimator_bf16.safety import audit
 
 # XLA's element type names (as in a buffer assignment's shapes).
@@ -394,7 +395,8 @@ class CompiledLoop:
     self._values = None
     try:
       self._session.run(init)
-      self.first_seconds = self.run()
+      with quiet.compile_noise_hidden():
+        self.first_seconds = self.run()
     except BaseException:
       self.close()
       raise

@@ -181,6 +181,28 @@ def loading_noise_hidden(argv=None):
 
 
 @contextlib.contextmanager
+def compile_noise_hidden(argv=None):
+  """Inside, XLA's first-compile lines are dropped from descriptor 2.
+
+  XLA logs through absl, not TensorFlow's C++ logging, so the log level of
+  `quiet_commands` does not reach it: the first compile of a process
+  prints "WARNING: All log messages before absl::InitializeLog() ..." and
+  "Compiled cluster using XLA!" on TensorFlow 2.15 too. Acts as
+  `loading_noise_hidden` does (a command of this package, no `--verbose`),
+  around the run that compiles.
+
+  Args:
+    argv: the interpreter's full command line (default `sys.orig_argv`).
+  """
+  argv = list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
+  if not is_package_command(argv) or VERBOSE_FLAG in argv:
+    yield
+    return
+  with descriptor_filtered(LOAD_NOISE.pattern):
+    yield
+
+
+@contextlib.contextmanager
 def tensorflow_logs_once(hide_info=False):
   """Inside, each TensorFlow Python log line is printed once, not twice.
 

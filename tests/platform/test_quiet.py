@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from unittest import mock
 
 from absl.testing import parameterized
 import tensorflow as tf
@@ -173,6 +174,50 @@ class DescriptorFilterTest(tf.test.TestCase):
                           capture_output=True, timeout=120, check=False)
     self.assertNotEqual(done.returncode, 0)
     self.assertIn(b'main.cc:1] Check failed', done.stderr)
+
+
+# A child that compiles a tiny graph with XLA inside compile_noise_hidden,
+# as a command of the package would (argv[1:] stands for its command line).
+_COMPILE = textwrap.dedent('''
+    import sys
+    import tensorflow as tf
+    from estimator_bf16.platform import quiet
+    tf.compat.v1.disable_eager_execution()
+    x = tf.compat.v1.placeholder(tf.float32, [4])
+    (y,) = tf.compat.v1.xla.experimental.compile(lambda v: [v * 2.0 + 1.0],
+                                                 [x])
+    with tf.compat.v1.Session() as session, quiet.compile_noise_hidden(
+        ['python'] + sys.argv[1:]):
+      print(session.run(y, {x: [1.0, 2.0, 3.0, 4.0]}).tolist(), flush=True)
+    ''')
+
+
+class CompileNoiseTest(tf.test.TestCase, parameterized.TestCase):
+
+  def test_xlas_first_compile_lines_go_in_a_command(self):
+    # TensorFlow's own log level is quiet, as in a command of the package;
+    # XLA's lines ignore it (with --verbose, or outside a command, TensorFlow
+    # 2.15 prints "Compiled cluster using XLA!" here).
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    done = subprocess.run(
+        [sys.executable, '-c', _COMPILE, '-m', 'estimator_bf16', 'check',
+         '--xla'], cwd=_REPO, env=env, capture_output=True, text=True,
+        timeout=300, check=False)
+    self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+    self.assertEqual(done.stdout.strip(), '[3.0, 5.0, 7.0, 9.0]')
+    self.assertNotIn('Compiled cluster using XLA', done.stderr)
+    self.assertEqual(_noise(done.stderr), [])
+
+  @parameterized.named_parameters(
+      ('command', ['python', '-m', 'estimator_bf16', 'check'], True),
+      ('verbose', ['python', '-m', 'estimator_bf16', 'check', '--verbose'],
+       False),
+      ('a_program', ['python', 'train.py'], False))
+  def test_filtered_only_in_a_command_without_verbose(self, argv, filtered):
+    with mock.patch.object(quiet, 'descriptor_filtered') as filtered_fd:
+      with quiet.compile_noise_hidden(argv):
+        pass
+    self.assertEqual(filtered_fd.called, filtered)
 
 
 class DeprecationNoticesTest(tf.test.TestCase):
