@@ -351,7 +351,12 @@ def format_run_report(result):
   lines = ['', 'estimator_bf16 run: %s' % result.program,
            'precision: %s' % result.precision, _tf1_line(result),
            levers_line(result)]
-  if result.estimators == 0:
+  if result.estimators == 0 and result.error is not None:
+    # It may have tried (a refusal of TPUEstimator(use_tpu=True) comes
+    # from inside the constructor): the failed line below says why.
+    lines.append('nothing ran in %s: the program stopped before an '
+                 'Estimator or TPUEstimator was built.' % result.precision)
+  elif result.estimators == 0:
     lines.append('the program built no Estimator or TPUEstimator, so '
                  'nothing ran in %s.' % result.precision)
   else:

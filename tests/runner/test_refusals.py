@@ -69,6 +69,10 @@ class RefusalsTest(tf.test.TestCase, parameterized.TestCase):
     lines = [l for l in stderr.splitlines() if l.startswith(start)]
     self.assertLen(lines, 1, stderr)
     self.assertIn(fragment, lines[0])
+    # The report does not say the program never tried.
+    self.assertNotIn('built no Estimator', stderr)
+    self.assertIn('stopped before an Estimator or TPUEstimator was built',
+                  stderr)
 
   def test_verbose_shows_the_traceback(self):
     code, stderr, _ = self._run(_NO_TPU, '--verbose')

@@ -638,8 +638,8 @@ estimator.evaluate(input_fn, steps=1)""",
         % program), run_report.format_run_report(result))
     # Only the program's frames, as Python prints them.
     self.assertNotIn('runpy', result.error)
-    self.assertIn('the program built no Estimator',
-                  run_report.format_run_report(result))
+    self.assertIn('the program stopped before an Estimator or TPUEstimator '
+                  'was built', run_report.format_run_report(result))
 
   def test_an_error_in_converted_layer_code_names_its_last_line(self):
     # Keras converts a layer's `call` with autograph in graph mode; the
