@@ -135,6 +135,7 @@ TF_LATEST_DEFAULT=(
   tests/memory/test_xla_step.py tests/compat/test_keras_to_estimator.py
   tests/autocast/test_loss_table.py tests/compat/test_log_lines.py
   tests/estimator/test_callable_forms.py tests/runner/test_refusals.py
+  tests/autocast/test_metric_table.py tests/autocast/test_summary_table.py
 )
 TF_LATEST_DESELECT=(
   tests/distribute/test_multi_worker.py::LaunchTest

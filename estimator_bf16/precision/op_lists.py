@@ -77,6 +77,14 @@ FLOAT32_OPS = frozenset([
     # Summaries (v1 and v2), which must record what float32 would record.
     'ScalarSummary', 'HistogramSummary', 'WriteScalarSummary',
     'WriteHistogramSummary',
+    # Those whose tensor has a dtype attribute: image summaries have no
+    # bfloat16 kernel (tf.compat.v1.summary.image of a bfloat16 image fails
+    # to build), and tensor summaries (tf.compat.v1.summary.tensor_summary,
+    # TF2 tf.summary.write) would store a bfloat16 tensor where the float32
+    # build stores a float32 one. Audio summaries take float32 only, which
+    # the conversion rule already gives them.
+    'ImageSummary', 'WriteImageSummary', 'TensorSummary', 'TensorSummaryV2',
+    'WriteSummary',
 ])
 
 # Softmax on its own: autocast rounds its gradient's reads (LogSoftmax's
