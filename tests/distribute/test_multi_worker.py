@@ -7,6 +7,12 @@ Killing a worker mid-run stops the job within a bounded time, naming the
 lost task, and the same command (with a longer collective timeout) then
 resumes from the chief's last checkpoint to the final step, at the accuracy
 of one process.
+
+Each training job costs seconds of process starts (TensorFlow imports,
+graph builds), so each job is run once: KilledWorkerTest runs the killed
+job, its rerun and the one-process reference once for its tests, and each
+class is its own unit for pytest-xdist (`--dist loadscope`), so the
+classes can run side by side.
 """
 
 import contextlib
@@ -16,8 +22,10 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from unittest import mock
 
 from absl.testing import parameterized
 import pytest
@@ -32,7 +40,10 @@ from tests.support import paths
 _REPO = paths.REPO
 # 150 steps reach about 0.96 accuracy on the digits (0.94 after 60, 0.98
 # after 200 in one process): far enough from chance and still climbing
-# slowly enough that the two set-ups compare.
+# slowly enough that the two set-ups compare. Training them takes about 2 s
+# of a job whose task starts take about 10 s here: fewer steps would save
+# about a second per job and put the comparison on the steep part of the
+# curve, where the 0.03 below would be a coin toss.
 _STEPS = 150
 _BATCH = 64
 # Checkpoints every 25 steps: the jobs that are killed or stopped get their
@@ -65,19 +76,43 @@ _ACCURACY_TOLERANCE = 0.03
 # differ by a checkpoint save of the 400k-parameter MLP (well under a
 # second here, a few seconds on a slow, loaded machine).
 _WORKER_TIMEOUT_SECS = 10
+# HungWorkerTest waits this timeout out (up to three of them, when the
+# backstop has to end the chief), and half of the above is still safe
+# before its signal: after the broadcast both tasks do the same work, the
+# worker saving its checkpoints too (into a scratch directory), and with
+# --verbose the two tasks finished their local init, their step-0 save and
+# their save at step 25 about 0.1 s apart on this machine under
+# load, with TensorFlow 2.15 and 2.21 alike; 0.5 s on a machine 4.33x
+# slower leaves 10x for its load. The killed and preempted jobs keep the
+# longer timeout: they do not wait it out unless a kill hits between two
+# transfers, so it costs them nothing.
+_HUNG_TIMEOUT_SECS = 5
 # A resumed job has no such broadcast: every task restores the checkpoint,
 # and its first all-reduce waits for the slowest task to import
 # TensorFlow, build its graph and restore (5 s apart on this machine under
 # load). The rerun, which only has to resume and finish, gets the
 # library's default timeout for that.
 _RESUME_TIMEOUT_SECS = 120
-_REPORT_BOUND_SECS = 2 * _WORKER_TIMEOUT_SECS + 15
-_BACKSTOP_BOUND_SECS = 3 * _WORKER_TIMEOUT_SECS + 15
+
+
+def _report_bound_secs(timeout):
+  return 2 * timeout + 15
+
+
+def _backstop_bound_secs(timeout):
+  return 3 * timeout + 15
+
+
 _GRACE_SECS = 2 * _WORKER_TIMEOUT_SECS + 10
 _STOP_BOUND_SECS = _GRACE_SECS + launch._KILL_AFTER_SECS + 10  # pylint: disable=protected-access
 # How long a test waits for a signalled job to end before it fails: the
 # backstop's bound, then the launcher's stop.
-_WAIT_BOUND_SECS = _BACKSTOP_BOUND_SECS + _STOP_BOUND_SECS
+_WAIT_BOUND_SECS = _backstop_bound_secs(_WORKER_TIMEOUT_SECS) + _STOP_BOUND_SECS
+
+# The stopped worker of HungWorkerTest ignores SIGTERM, so the launcher's
+# SIGKILL delay is part of that test's wait; a short one checks the same
+# escalation (SIGTERM, then SIGKILL once the delay is over) in less time.
+_SHORT_KILL_AFTER_SECS = 1.0
 
 _CACHE = isolated_cache.IsolatedCache()
 
@@ -99,17 +134,20 @@ def _command(model_dir, steps=_STEPS, timeout=_WORKER_TIMEOUT_SECS,
           '--worker_timeout_secs=%d' % timeout] + list(extra)
 
 
-def _launch(command, workers=2, evaluator=False, grace_secs=_GRACE_SECS):
-  """Starts the launcher; returns the Popen with merged text output."""
+def _task_env():
   # Temporary files of the tasks (a non-chief's scratch directory) go
   # under the module's root, removed at the end even for killed tasks.
-  env = dict(os.environ, PYTHONPATH=_REPO, TMPDIR=_CACHE.root)
+  return dict(os.environ, PYTHONPATH=_REPO, TMPDIR=_CACHE.root)
+
+
+def _launch(command, workers=2, evaluator=False, grace_secs=_GRACE_SECS):
+  """Starts the launcher's command line; returns the Popen (merged output)."""
   return subprocess.Popen(
       [sys.executable, '-m', 'estimator_bf16.apps.launch',
        '--workers=%d' % workers, '--evaluator=%s' % evaluator,
        '--grace_secs=%d' % grace_secs, '--'] + command,
-      cwd=_REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True)
+      cwd=_REPO, env=_task_env(), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
 
 
 def _chief_result(output, task='chief:0'):
@@ -122,11 +160,9 @@ def _chief_result(output, task='chief:0'):
   return json.loads('\n'.join(lines[start:end + 1]))
 
 
-def _read_into(process, lines, arrivals=None):
+def _read_into(process, lines):
   for line in process.stdout:
     lines.append(line)
-    if arrivals is not None:
-      arrivals.append((time.monotonic(), line))
 
 
 def _task_pids(lines):
@@ -147,7 +183,7 @@ def _kill_group(pid):
 
 
 @contextlib.contextmanager
-def _drained(process, arrivals=None):
+def _drained(process):
   """Yields the list of the launcher's output lines, filled as they come.
 
   Drained all along: a full pipe would stall the launcher and the job. On
@@ -155,8 +191,8 @@ def _drained(process, arrivals=None):
   sessions of their own, so killing the launcher alone would leave them).
   """
   lines = []
-  reader = threading.Thread(target=_read_into,
-                            args=(process, lines, arrivals), daemon=True)
+  reader = threading.Thread(target=_read_into, args=(process, lines),
+                            daemon=True)
   reader.start()
   try:
     yield lines
@@ -169,11 +205,83 @@ def _drained(process, arrivals=None):
     reader.join(timeout=10)
 
 
-def _wait_until(condition, lines, process, timeout=300):
+class _Job(object):
+  """`launch.run` in a thread of the test process, its output recorded.
+
+  A launcher process would import TensorFlow (through the package) before
+  it starts a task: seconds per job, for nothing these jobs check. They
+  signal the tasks, not the launcher, and `launch.run` returns the status
+  the launcher exits with (its main passes it to sys.exit as it is). The
+  launcher's command line, and a signal to its process, are
+  LauncherSigtermTest's.
+
+  Attributes:
+    lines: the launcher's output, one prefixed line per item (the launcher
+      writes each line whole, under its lock).
+    arrivals: (time.monotonic() of its arrival, line) for each line.
+    status: what `launch.run` returned; None while it runs.
+    ended_at: time.monotonic() when `launch.run` returned.
+  """
+
+  def __init__(self, command, workers=2, evaluator=False,
+               grace_secs=_GRACE_SECS):
+    self.lines = []
+    self.arrivals = []
+    self.status = None
+    self.ended_at = None
+    self._error = None
+    self._thread = threading.Thread(
+        target=self._run, args=(command, workers, evaluator, grace_secs),
+        daemon=True)
+    self._thread.start()
+
+  def write(self, text):
+    self.arrivals.append((time.monotonic(), text))
+    self.lines.append(text)
+
+  def flush(self):
+    pass
+
+  def _run(self, command, workers, evaluator, grace_secs):
+    try:
+      self.status = launch.run(command, workers, evaluator=evaluator,
+                               grace_secs=grace_secs, out=self,
+                               env=_task_env())
+    except BaseException as e:  # pylint: disable=broad-except
+      self._error = e
+    finally:
+      self.ended_at = time.monotonic()
+
+  def running(self):
+    return self._thread.is_alive()
+
+  def output(self):
+    return ''.join(self.lines)
+
+  def wait(self, timeout):
+    """Waits for `launch.run` to return; False if it still runs."""
+    self._thread.join(timeout)
+    if self._error is not None:
+      raise self._error
+    return not self.running()
+
+  def kill(self):
+    """Kills the tasks of a job still running, then waits for the launcher.
+
+    They run in sessions of their own: nothing else would stop them when a
+    test fails half way.
+    """
+    if self.running():
+      for pid in _task_pids(self.lines).values():
+        _kill_group(pid)
+      self._thread.join(timeout=30)
+
+
+def _wait_until(condition, lines, running, timeout=300):
   """Polls `condition()`; fails with the job's last lines if it ends first."""
   deadline = time.monotonic() + timeout
   while not condition():
-    if process.poll() is not None:
+    if not running():
       raise AssertionError('the job ended first:\n' + ''.join(lines[-50:]))
     if time.monotonic() > deadline:
       raise AssertionError('not within %d s:\n%s' % (
@@ -185,110 +293,183 @@ def _step(path):
   return int(tf.train.load_checkpoint(path).get_tensor('global_step'))
 
 
+def _signal_worker_after_first_checkpoint(job, model_dir, sig):
+  """Sends `sig` to worker:0 once the chief has saved a step >= _SAVE_STEPS.
+
+  Returns:
+    time.monotonic() of the signal.
+  """
+  _wait_until(lambda: waiting.checkpoint_at_or_after(model_dir, _SAVE_STEPS),
+              job.lines, job.running)
+  os.kill(_task_pids(job.lines)['worker:0'], sig)
+  signalled_at = time.monotonic()
+  return signalled_at
+
+
+def _after(job, signalled_at):
+  """Waits for the signalled job to end (up to _WAIT_BOUND_SECS).
+
+  Returns:
+    (seconds from the signal to the launcher's return, {line: seconds from
+    the signal to its arrival} for the lines printed after the signal).
+  """
+  if not job.wait(timeout=max(
+      0.0, signalled_at + _WAIT_BOUND_SECS - time.monotonic())):
+    raise AssertionError(
+        'the job was still running %d s after the signal; what it printed '
+        'after the signal:\n%s' % (_WAIT_BOUND_SECS, ''.join(
+            line for at, line in list(job.arrivals)
+            if at >= signalled_at)[-8000:]))
+  after = {line: at - signalled_at for at, line in job.arrivals
+           if at >= signalled_at}
+  return job.ended_at - signalled_at, after
+
+
+class _Reference(object):
+  """The one-process run of the same training, in a thread of its own.
+
+  It trains while the two-worker jobs' tasks wait for each other or start
+  up (training.run sets no signal handlers outside the main thread).
+  """
+
+  def __init__(self, model_dir):
+    self.eval = None
+    self._error = None
+    self._thread = threading.Thread(target=self._run, args=(model_dir,),
+                                    daemon=True)
+    self._thread.start()
+
+  def _run(self, model_dir):
+    try:
+      self.eval = training.run(training.TrainOptions(
+          model='mnist_mlp', model_dir=model_dir, precision='bfloat16',
+          train_steps=_STEPS, train_batch_size=_BATCH, export=False))['eval']
+    except BaseException as e:  # pylint: disable=broad-except
+      self._error = e
+
+  def join(self, timeout=600):
+    self._thread.join(timeout)
+    if self._error is not None:
+      raise self._error
+    if self._thread.is_alive():
+      raise AssertionError('the one-process run took over %d s' % timeout)
+    return self.eval
+
+
 @pytest.mark.slow
-class MultiWorkerTest(tf.test.TestCase):
+class KilledWorkerTest(tf.test.TestCase):
+  """One job whose worker is killed, then its rerun, once for all tests.
 
-  def _start_and_signal_worker(self, model_dir, command, sig, **launch_args):
-    """Launches 2 tasks, sends `sig` to worker:0 after the first checkpoint.
+  The rerun (with an evaluator) is also the two-worker run whose accuracy
+  is compared with one process's: it trains to the same final step. The
+  one-process reference trains in this process meanwhile, from the kill on
+  (the killed job's chief then only waits to notice the loss, and the
+  rerun's tasks spend much of their start waiting for each other).
+  """
 
-    Returns:
-      (launcher Popen, seconds from the signal to the launcher's exit, the
-      job's output so far, {line: seconds from the signal to its arrival}
-      for the lines printed after the signal).
-    """
-    process = _launch(command, **launch_args)
-    arrivals = []
-    with _drained(process, arrivals) as lines:
-      _wait_until(lambda: waiting.checkpoint_at_or_after(model_dir,
-                                                         _SAVE_STEPS),
-                  lines, process)
-      os.kill(_task_pids(lines)['worker:0'], sig)
-      signalled_at = time.monotonic()
-      try:
-        process.wait(timeout=_WAIT_BOUND_SECS)
-      except subprocess.TimeoutExpired:
-        self.fail('the job was still running %d s after the signal; what '
-                  'it printed after the signal:\n%s' % (
-                      _WAIT_BOUND_SECS, ''.join(
-                          line for at, line in arrivals
-                          if at >= signalled_at)[-8000:]))
-      stopped_after = time.monotonic() - signalled_at
-    after = {line: at - signalled_at for at, line in arrivals
-             if at >= signalled_at}
-    return process, stopped_after, ''.join(lines), after
-
-  def test_killed_worker_stops_the_job_and_rerun_reaches_one_process(self):
-    # One job is killed, and its rerun (with an evaluator) is also the
-    # two-worker run whose accuracy is compared with one process's: it
-    # trains to the same final step.
-    root = self.get_temp_dir()
-    model_dir = os.path.join(root, 'killed')
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    root = tempfile.mkdtemp(dir=_CACHE.root)
+    cls.model_dir = os.path.join(root, 'killed')
     extra = ['--save_checkpoints_steps=%d' % _SAVE_STEPS]
-    process, stopped_after, output, after = self._start_and_signal_worker(
-        model_dir, _command(model_dir, extra=extra), signal.SIGKILL)
+    killed = _Job(_command(cls.model_dir, extra=extra))
+    reference = None
+    try:
+      signalled_at = _signal_worker_after_first_checkpoint(
+          killed, cls.model_dir, signal.SIGKILL)
+      reference = _Reference(os.path.join(root, 'one'))
+      cls.stopped_after, cls.after = _after(killed, signalled_at)
+    finally:
+      killed.kill()
+    cls.killed = killed
+    cls.saved = _step(cls.model_dir)
+    # The same command resumes it, with a longer collective timeout (see
+    # _RESUME_TIMEOUT_SECS); an evaluator evaluates its checkpoints.
+    rerun = _Job(_command(cls.model_dir, timeout=_RESUME_TIMEOUT_SECS,
+                          extra=extra), evaluator=True)
+    try:
+      if not rerun.wait(timeout=600):
+        raise AssertionError('the rerun took over 600 s:\n' +
+                             rerun.output()[-3000:])
+    finally:
+      rerun.kill()
+    cls.rerun = rerun
+    cls.single = reference.join()
+
+  def test_killed_worker_stops_the_job_naming_it(self):
+    output = self.killed.output()
     tail = output[-6000:]  # what the job printed, for a failure's message
-    self.assertLess(stopped_after, _STOP_BOUND_SECS, tail)
-    self.assertEqual(128 + signal.SIGKILL, process.returncode, tail)
+    self.assertLess(self.stopped_after, _STOP_BOUND_SECS, tail)
+    self.assertEqual(128 + signal.SIGKILL, self.killed.status, tail)
     self.assertIn('[launch] worker:0 was killed by SIGKILL; stopping the '
                   'other tasks.', output)
     # When the chief reports the lost task (it does unless stuck), it names
-    # worker:0, in time (see _REPORT_BOUND_SECS).
-    reports = [line for line in after
+    # worker:0, in time (see _report_bound_secs).
+    reports = [line for line in self.after
                if line.startswith('[chief:0] error: Task chief:0 stopped:')]
     for line in reports:
       self.assertIn('worker:0 did not answer', line)
     if reports:
-      self.assertLess(min(after[line] for line in reports),
-                      _REPORT_BOUND_SECS, tail)
-    saved = _step(model_dir)
-    self.assertBetween(saved, _SAVE_STEPS, _STEPS - 1)
+      self.assertLess(min(self.after[line] for line in reports),
+                      _report_bound_secs(_WORKER_TIMEOUT_SECS), tail)
+    # The job stopped after a periodic checkpoint and before the end.
+    self.assertBetween(self.saved, _SAVE_STEPS, _STEPS - 1)
 
-    # The same command resumes it, with a longer collective timeout (see
-    # _RESUME_TIMEOUT_SECS); an evaluator evaluates its checkpoints.
-    process = _launch(_command(model_dir, timeout=_RESUME_TIMEOUT_SECS,
-                               extra=extra), evaluator=True)
-    with _drained(process) as lines:
-      # The one-process reference trains meanwhile, here (the job's tasks
-      # spend much of their time waiting for each other).
-      single = training.run(training.TrainOptions(
-          model='mnist_mlp', model_dir=os.path.join(root, 'one'),
-          precision='bfloat16', train_steps=_STEPS, train_batch_size=_BATCH,
-          export=False))['eval']
-      process.wait(timeout=600)
-    output = ''.join(lines)
-    self.assertEqual(0, process.returncode, output[-3000:])
+  def test_rerun_resumes_from_the_chiefs_last_checkpoint(self):
+    output = self.rerun.output()
+    self.assertEqual(0, self.rerun.status, output[-3000:])
     self.assertIn('[launch] all 3 tasks finished.', output)
     # Each task ran in its own process with its own TF_CONFIG task.
     self.assertIn('2 replicas, task chief:0', output)
     self.assertIn('2 replicas, task worker:0', output)
-    # Both tasks start from the saved step (estimator_bf16.apps.progress reads
-    # the global step once the session has restored it).
+    # Both tasks start from the saved step (estimator_bf16.apps.progress
+    # reads the global step once the session has restored it).
     for task in ('chief:0', 'worker:0'):
       self.assertRegex(output, r'\[%s\] .*\] resuming at step %d of %d' % (
-          task, saved, _STEPS))
-    self.assertEqual(_STEPS, _step(model_dir))
+          task, self.saved, _STEPS))
+    self.assertEqual(_STEPS, _step(self.model_dir))
+    self.assertEqual(_STEPS, _chief_result(output)['eval']['global_step'])
+
+  def test_evaluator_evaluates_the_rerun_to_its_last_checkpoint(self):
     # The evaluator evaluated checkpoints as they came (it may skip one
     # that a newer one replaced before it looked), the last one included.
-    self.assertTrue(os.path.isdir(os.path.join(model_dir, 'eval_evaluator')))
+    output = self.rerun.output()
+    self.assertTrue(os.path.isdir(os.path.join(self.model_dir,
+                                               'eval_evaluator')))
     self.assertEqual(_STEPS, _chief_result(output, 'evaluator:0')['eval'][
         'global_step'])
-    two = _chief_result(output)['eval']
-    self.assertEqual(_STEPS, two['global_step'])
-    self.assertGreater(single['accuracy'], 0.9)
-    self.assertNear(single['accuracy'], two['accuracy'], _ACCURACY_TOLERANCE)
+
+  def test_rerun_reaches_the_accuracy_of_one_process(self):
+    two = _chief_result(self.rerun.output())['eval']
+    self.assertGreater(self.single['accuracy'], 0.9)
+    self.assertNear(self.single['accuracy'], two['accuracy'],
+                    _ACCURACY_TOLERANCE)
+
+
+@pytest.mark.slow
+class HungWorkerTest(tf.test.TestCase):
 
   def test_hung_worker_stops_the_job_at_the_collective_timeout(self):
     # A stopped (not dead) process keeps its connections open: only the
-    # collective timeout can tell. The chief fails first, so a short grace
-    # lets the launcher stop the hung worker soon after.
+    # collective timeout can tell. The chief fails first, so the launcher
+    # stops the hung worker at once (no grace: it cannot stop on its own),
+    # after a short SIGKILL delay (see _SHORT_KILL_AFTER_SECS).
     model_dir = os.path.join(self.get_temp_dir(), 'hung')
-    command = _command(model_dir, extra=[
+    command = _command(model_dir, timeout=_HUNG_TIMEOUT_SECS, extra=[
         '--save_checkpoints_steps=%d' % _SAVE_STEPS])
-    grace_secs = 1
-    process, stopped_after, output, after = self._start_and_signal_worker(
-        model_dir, command, signal.SIGSTOP, grace_secs=grace_secs)
-    tail = output[-6000:]
-    self.assertEqual(1, process.returncode, tail)
+    grace_secs = 0
+    with mock.patch.object(launch, '_KILL_AFTER_SECS',
+                           _SHORT_KILL_AFTER_SECS):
+      job = _Job(command, grace_secs=grace_secs)
+      try:
+        signalled_at = _signal_worker_after_first_checkpoint(
+            job, model_dir, signal.SIGSTOP)
+        stopped_after, after = _after(job, signalled_at)
+      finally:
+        job.kill()
+    tail = job.output()[-6000:]
+    self.assertEqual(1, job.status, tail)
 
     def seconds_until(text):
       found = [at for line, at in after.items() if text in line]
@@ -297,19 +478,19 @@ class MultiWorkerTest(tf.test.TestCase):
       return min(found)
 
     # The chief names the silent peer when the collective times out: not
-    # before, and within twice the timeout (see _REPORT_BOUND_SECS); or,
+    # before, and within twice the timeout (see _report_bound_secs); or,
     # when its step waits on regardless, its backstop does.
     timed_out = [at for line, at in after.items() if line.startswith(
         '[chief:0] error: Task chief:0 stopped: worker:0 did not answer '
         '(DeadlineExceededError')]
     if timed_out:
-      named, bound = min(timed_out), _REPORT_BOUND_SECS
+      named, bound = min(timed_out), _report_bound_secs(_HUNG_TIMEOUT_SECS)
     else:
       named = seconds_until('[chief:0] error: Task chief:0 stopped: no '
                             'training step, hooks included, finished in')
       self.assertIn('worker:0 is hung or unreachable', tail)
-      bound = _BACKSTOP_BOUND_SECS
-    self.assertGreater(named, _WORKER_TIMEOUT_SECS - 1, tail)
+      bound = _backstop_bound_secs(_HUNG_TIMEOUT_SECS)
+    self.assertGreater(named, _HUNG_TIMEOUT_SECS - 1, tail)
     self.assertLess(named, bound, tail)
     # Once the chief has exited, the launcher stops the hung worker within
     # its grace plus the SIGKILL delay (a stopped process ignores SIGTERM).
@@ -318,7 +499,12 @@ class MultiWorkerTest(tf.test.TestCase):
     chief_exited = seconds_until('[launch] chief:0 exited with status 1; '
                                  'stopping the other tasks.')
     self.assertLess(stopped_after - chief_exited,
-                    grace_secs + launch._KILL_AFTER_SECS + 10, tail)
+                    grace_secs + _SHORT_KILL_AFTER_SECS + 10, tail)
+
+
+@pytest.mark.slow
+class LauncherSigtermTest(tf.test.TestCase):
+  """The launcher's command line, with a signal to its process."""
 
   def test_sigterm_to_the_launcher_keeps_the_chiefs_last_step(self):
     # A preemption notice to the launcher: the chief stops after its step
@@ -334,7 +520,7 @@ class MultiWorkerTest(tf.test.TestCase):
       _wait_until(
           lambda: any(int(m.group(1)) >= 20 for line in list(lines)
                       for m in [re.search(r'\] step (\d+)/', line)] if m),
-          lines, process)
+          lines, lambda: process.poll() is None)
       process.send_signal(signal.SIGTERM)
       process.wait(timeout=120)
     output = ''.join(lines)
@@ -391,18 +577,45 @@ class LaunchTest(tf.test.TestCase, parameterized.TestCase):
               'flush=True)) if t == "worker" else '
               '(lambda *a: (print("saved chief", flush=True), sys.exit(0)))); '
               'print("ready", flush=True); time.sleep(60)')
-    process = _launch([sys.executable, '-c', script], grace_secs=20)
-    with _drained(process) as lines:
-      _wait_until(lambda: sum(line.endswith('] ready\n')
-                              for line in list(lines)) == 2, lines, process,
-                  timeout=60)
-      pids = _task_pids(lines)
-      start = time.monotonic()
-      process.send_signal(signum)
-      process.wait(timeout=60)
-      stopped_after = time.monotonic() - start
-    output = ''.join(lines)
-    self.assertEqual(128 + signum, process.returncode, output)
+    # The launcher runs here, in the main thread, where it takes SIGTERM and
+    # SIGINT over while it runs (its command line, signalled as a process,
+    # is LauncherSigtermTest's): a launcher process would first import
+    # TensorFlow, through the package. The signal goes to this process only
+    # while run() has its handlers in place: the tasks say 'ready' after
+    # the launcher set them, then sleep for a minute.
+    self.assertIs(threading.current_thread(), threading.main_thread())
+    out = _Capture()
+    signalled_at = []
+    finished = threading.Event()
+
+    def stop_when_ready():
+      deadline = time.monotonic() + 60
+      while not finished.is_set() and time.monotonic() < deadline:
+        if out.text().count('] ready\n') == 2:
+          signalled_at.append(time.monotonic())
+          os.kill(os.getpid(), signum)
+          return
+        time.sleep(0.05)
+
+    sender = threading.Thread(target=stop_when_ready, daemon=True)
+    # The worker outlives SIGTERM by the launcher's SIGKILL delay; a
+    # shorter delay than the launcher's 5 s shows the same in less time
+    # (a SIGKILL without the delay would end the worker at once).
+    kill_after = 2.0
+    with mock.patch.object(launch, '_KILL_AFTER_SECS', kill_after):
+      sender.start()
+      try:
+        status = launch.run([sys.executable, '-c', script], workers=2,
+                            grace_secs=20, out=out)
+      finally:
+        finished.set()
+      ended_at = time.monotonic()
+    sender.join(timeout=10)
+    output = out.text()
+    lines = output.splitlines(True)
+    self.assertTrue(signalled_at, 'the tasks were not ready:\n' + output)
+    stopped_after = ended_at - signalled_at[0]
+    self.assertEqual(128 + signum, status, output)
     self.assertIn('[launch] got %s; passing SIGTERM to chief:0, then to the '
                   'other tasks once it has stopped (at most 20 s).' %
                   signal.Signals(signum).name, output)
@@ -413,9 +626,8 @@ class LaunchTest(tf.test.TestCase, parameterized.TestCase):
         '[chief:0] saved chief\n', '[worker:0] term worker\n')]
     self.assertEqual(['[chief:0] saved chief\n', '[worker:0] term worker\n'],
                      order, output)
-    kill_after = launch._KILL_AFTER_SECS  # pylint: disable=protected-access
     self.assertBetween(stopped_after, kill_after - 0.5, kill_after + 10)
-    for pid in pids.values():
+    for pid in _task_pids(lines).values():
       with self.assertRaises(ProcessLookupError):
         os.kill(pid, 0)
 
