@@ -16,9 +16,14 @@ plans the step's memory. The table goes to a Markdown file:
 
 `--repo` is a git directory (a clone, or `git clone --bare`); each commit's
 `models/` folder is read from it blob by blob, so no checkout changes and
-nothing is downloaded. It is not part of `make test`: it needs the
-repository, and runs for an hour or more. `--programs` picks programs by a
-substring of their path, `--max_seconds` bounds each run.
+nothing is downloaded. Other repositories come with `--source
+OWNER/NAME=GIT_DIR@COMMIT[,COMMIT]` (repeated): each is read at its
+commits, under the program folders `corpus_recipes.SOURCES` gives it (the
+whole tree by default), and its recipes are keyed `OWNER/NAME:PATH`; their
+table goes below its own mark in docs/corpus.md. It is not part of `make
+test`: it needs the repositories, and runs for an hour or more.
+`--programs` picks programs by a substring of their path, `--max_seconds`
+bounds each run.
 
 A program passes when, in bfloat16: it exits 0, trained its steps and
 evaluated, the audit found no problem, >= 95% of its matmul/conv FLOPs ran
@@ -46,6 +51,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _REPO_ROOT)
 
 from estimator_bf16.precision import policy  # pylint: disable=g-import-not-at-top,wrong-import-position
+from scripts import corpus_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 from scripts import corpus_recipes  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # What a passing bfloat16 run must reach (the issue's target).
@@ -59,6 +65,8 @@ METRIC_TOLERANCE = 0.25
 # fake-data modes draw their examples with unseeded ops, so without it the
 # bfloat16 evaluation of the float32 checkpoint would see other data.
 _SEED = 1
+# The repository `--repo` names.
+TPU = 'tensorflow/tpu'
 _SHARE_METRICS = re.compile(r'acc|top_?\d|precision|recall|auc', re.I)
 _PROGRAM_MARKERS = ('TPUEstimator(',)
 _MAIN_MARKERS = ('app.run(', "__name__ == '__main__'",
@@ -96,6 +104,9 @@ class Row:
   same_weights: Outcome = dataclasses.field(default_factory=Outcome)
   plan: str = ''
   note: str = ''
+  # The repository (owner/name); rows of JSON written before there were
+  # several are tensorflow/tpu's.
+  source: str = TPU
 
   def verdict(self):
     """(kind, why): kind is 'pass' or 'fail' for rows the target counts,
@@ -201,8 +212,9 @@ def _percent(share):
   return 'n/a' if share is None else '%.1f%%' % (100 * share)
 
 
-def extract(git_dir, commit, dest):
-  """`models/` of `commit` into `dest`; returns the full commit hash.
+def extract(git_dir, commit, dest, folders=('models',)):
+  """`folders` of `commit` into `dest` ('' is the whole tree); returns the
+  full commit hash.
 
   Blob by blob (`git cat-file --batch`), so a snapshot whose largest
   files are absent (notebooks, images) still yields the programs.
@@ -211,8 +223,9 @@ def extract(git_dir, commit, dest):
                         check=True, capture_output=True, text=True
                         ).stdout.strip()
   listing = subprocess.run(
-      ['git', '--git-dir', git_dir, 'ls-tree', '-r', '-z', full, 'models'],
-      check=True, capture_output=True).stdout.decode().split('\0')
+      ['git', '--git-dir', git_dir, 'ls-tree', '-r', '-z', full, '--'] +
+      ([] if '' in folders else list(folders)), check=True,
+      capture_output=True).stdout.decode().split('\0')
   blobs = []
   for entry in filter(None, listing):
     meta, path = entry.split('\t', 1)
@@ -238,10 +251,13 @@ def extract(git_dir, commit, dest):
   return full
 
 
-def find_programs(root):
-  """Paths (relative to `root`) of programs that build a TPUEstimator."""
-  found = []
-  for folder, _, files in os.walk(os.path.join(root, 'models')):
+def find_programs(root, folders=('models',), extra=()):
+  """Paths (relative to `root`) of programs that build a TPUEstimator,
+  under `folders` ('' is all of `root`), and the `extra` paths that exist
+  (programs whose TPUEstimator is built by a module they import)."""
+  found = [p for p in extra if os.path.isfile(os.path.join(root, p))]
+  walks = [os.walk(os.path.join(root, f) if f else root) for f in folders]
+  for folder, _, files in (w for walk in walks for w in walk):
     for name in sorted(files):
       if not name.endswith('.py') or name.endswith('_test.py'):
         continue
@@ -251,10 +267,11 @@ def find_programs(root):
       if (any(m in text for m in _PROGRAM_MARKERS) and
           any(m in text for m in _MAIN_MARKERS)):
         found.append(os.path.relpath(path, root))
-  return sorted(found)
+  return sorted(set(found))
 
 
-_DEFINE = re.compile(r'DEFINE_\w+\(\s*(?:name\s*=\s*)?[\'"](\w+)[\'"]')
+_DEFINE = re.compile(r'DEFINE_\w+\(\s*(?:name\s*=\s*)?[\'"](\w+)[\'"]|'
+                     r'add_argument\(\s*[\'"]--([\w-]+)[\'"]')
 _IMPORT = re.compile(r'^\s*(?:from\s+([\w.]+)\s+import\s+([\w, ()]+)|'
                      r'import\s+([\w.]+))', re.M)
 
@@ -285,7 +302,7 @@ def program_flags(program, folders):
     seen.add(path)
     with open(path, errors='replace') as f:
       text = f.read()
-    names.update(_DEFINE.findall(text))
+    names.update(a or b for a, b in _DEFINE.findall(text))
     here = [os.path.dirname(path)] + list(folders)
     for module, imported, plain in _IMPORT.findall(text):
       candidates = [plain] if plain else [module] + [
@@ -351,17 +368,21 @@ def tensorflow_version(python):
 
 
 def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log,
-               done=None, on_row=None):
+               done=None, on_row=None, source=TPU):
   """Every program of one commit on every interpreter; returns Rows.
 
   Args:
+    source: the repository's name (owner/name): its program folders and
+      recipes (`corpus_recipes.SOURCES`, `recipe_for`).
     done: {(commit[:8], program, TF version): Row} already run (`--resume`);
       those rows are taken as they are.
     on_row: fn(row), called after each row, e.g. to save progress.
   """
-  tree = os.path.join(work, 'tree-' + commit.replace('/', '_'))
+  where = corpus_recipes.source_for(source)
+  tree = os.path.join(work, ('tree-%s-%s' % (source, commit)).replace(
+      '/', '_'))
   shutil.rmtree(tree, ignore_errors=True)
-  full = extract(git_dir, commit, tree)
+  full = extract(git_dir, commit, tree, where.folders)
   rows = []
 
   def take_done(key):
@@ -373,25 +394,26 @@ def run_commit(git_dir, commit, pythons, work, selected, max_seconds, log,
       on_row(done[key])
     return True
 
-  for program in find_programs(tree):
+  for program in find_programs(tree, where.folders, where.programs):
     if selected and not any(s in program for s in selected):
       # Not run now; an earlier run's rows of it stay in the table.
       for _, version in pythons:
         take_done((full[:8], program, version))
       continue
-    recipe = corpus_recipes.recipe_for(program, full)
+    recipe = corpus_recipes.recipe_for(program, full, source)
     for python, version in pythons:
       key = (full[:8], program, version)
       if take_done(key):
         continue
-      row = Row(*key)
+      row = Row(*key, source=source)
       rows.append(row)
       if recipe is None or recipe.skip:
         row.note = (recipe.skip if recipe is not None else
                     'what it needs is not known here')
         log('%s %s TF %s: %s' % (row.commit, program, version, row.note))
       else:
-        _run_row(row, recipe, tree, python, work, max_seconds, log)
+        _run_row(row, recipe, tree, python, work, max_seconds, log,
+                 where.folders)
       if on_row is not None:
         on_row(row)
   return rows
@@ -405,7 +427,8 @@ def _row_from_dict(data):
   return Row(**fields, **outcomes)
 
 
-def _run_row(row, recipe, tree, python, work, max_seconds, log):
+def _run_row(row, recipe, tree, python, work, max_seconds, log,
+             folders=('models',)):
   """Float32, bfloat16 and the plan of one program on one interpreter.
 
   The row's folder keeps each run's report and stderr (`NAME.json`,
@@ -414,7 +437,7 @@ def _run_row(row, recipe, tree, python, work, max_seconds, log):
   """
   scratch = tempfile.mkdtemp(prefix='corpus_', dir=work)
   try:
-    _run_in(scratch, row, recipe, tree, python, max_seconds, log)
+    _run_in(scratch, row, recipe, tree, python, max_seconds, log, folders)
   finally:
     for name in os.listdir(scratch):
       path = os.path.join(scratch, name)
@@ -422,13 +445,16 @@ def _run_row(row, recipe, tree, python, work, max_seconds, log):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _run_in(scratch, row, recipe, tree, python, max_seconds, log):
-  """`_run_row` in its folder `scratch`."""
+def _run_in(scratch, row, recipe, tree, python, max_seconds, log,
+            folders=('models',)):
+  """`_run_row` in its folder `scratch`; `folders`: the repository's
+  program folders, on the import path (the recipe's `paths` are under the
+  first)."""
   data_dir = os.path.join(scratch, 'data')
-  corpus_recipes.write_data(recipe.data, data_dir)
+  corpus_data.write_data(recipe.data, data_dir)
   program = os.path.join(tree, row.program)
-  models = os.path.join(tree, 'models')
-  paths = [models] + [os.path.join(models, p) for p in recipe.paths]
+  roots = [os.path.join(tree, f) if f else tree for f in folders]
+  paths = roots + [os.path.join(roots[0], p) for p in recipe.paths]
   flags_known = program_flags(program, paths)
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [_REPO_ROOT]))
   env.pop('TF_CPP_MIN_LOG_LEVEL', None)
@@ -440,11 +466,20 @@ def _run_in(scratch, row, recipe, tree, python, max_seconds, log):
     return [f for f in flags if _flag_name(f) in flags_known]
 
   cwd = os.path.dirname(program)
+
+  def run_one_here(*args):
+    """`run_one`, its reason without this machine's folders."""
+    outcome = run_one(*args)
+    outcome.reason = outcome.reason.replace(scratch, '<scratch>').replace(
+        tree, '<repository>')
+    return outcome
+
   for precision in policy.PRECISIONS:
-    outcome = run_one(python, ['run', '--seed=%d' % _SEED,
-                               '--precision=' + precision], program,
-                      flags_for(precision), cwd, env,
-                      os.path.join(scratch, precision + '.json'), max_seconds)
+    outcome = run_one_here(python, ['run', '--seed=%d' % _SEED,
+                                    '--precision=' + precision], program,
+                           flags_for(precision), cwd, env,
+                           os.path.join(scratch, precision + '.json'),
+                           max_seconds)
     setattr(row, precision, outcome)
     log('%s %s TF %s %s: %s (%.0f s)' % (row.commit, row.program,
                                          row.tensorflow, precision,
@@ -461,14 +496,15 @@ def _run_in(scratch, row, recipe, tree, python, max_seconds, log):
                     os.path.join(scratch, 'same_weights'))
     eval_flags = [f for f in recipe.eval_flags
                   if _flag_name(f) in flags_known]
-    row.same_weights = run_one(
+    row.same_weights = run_one_here(
         python, ['run', '--seed=%d' % _SEED, '--precision=bfloat16'], program,
         flags_for('same_weights') + eval_flags, cwd, env,
         os.path.join(scratch, 'same_weights.json'), max_seconds)
     log('%s %s TF %s bfloat16 on the float32 checkpoint: %s' % (
         row.commit, row.program, row.tensorflow, row.same_weights.short()))
-  checked = run_one(python, ['check'], program, flags_for('check'), cwd, env,
-                    os.path.join(scratch, 'check.json'), max_seconds)
+  checked = run_one_here(python, ['check'], program, flags_for('check'), cwd,
+                         env, os.path.join(scratch, 'check.json'),
+                         max_seconds)
   report = checked.report or {}
   if report.get('plan_made'):
     row.plan = 'OK'
@@ -486,10 +522,14 @@ def markdown(rows, command):
   passed = [r for r in runnable if r.verdict()[0] == 'pass']
   train_only = [r for r in rows if r.verdict()[0] == 'trains only']
   train_only_passed = [r for r in train_only if r.verdict()[1] == 'pass']
+  # tensorflow/tpu's own table names no repository; others' tables do.
+  with_source = any(r.source != TPU for r in rows)
   lines = [
-      '| commit | program | TF | float32 | bfloat16 | bf16 share | audit | '
-      'memory plan | eval metrics | time bf16/f32 | verdict |',
-      '| --- | --- | --- | --- | --- | ---: | --- | --- | --- | ---: | --- |']
+      '| %scommit | program | TF | float32 | bfloat16 | bf16 share | audit | '
+      'memory plan | eval metrics | time bf16/f32 | verdict |' % (
+          'repository | ' if with_source else ''),
+      '| %s--- | --- | --- | --- | --- | ---: | --- | --- | --- | ---: | --- |'
+      % ('--- | ' if with_source else '')]
   for row in rows:
     verdict, why = row.verdict()
     report = row.bfloat16.report or {}
@@ -506,8 +546,10 @@ def markdown(rows, command):
     timing = ('%.2fx' % (row.bfloat16.seconds / row.float32.seconds)
               if row.bfloat16.ok and row.float32.ok and row.float32.seconds
               else '')
-    lines.append('| %s | `%s` | %s | %s | %s | %s | %s | %s | %s | %s | %s%s |'
-                 % (row.commit, row.program.replace('models/', '', 1),
+    lines.append(('| %s' % (row.source + ' | ') if with_source else '| ') +
+                 '%s | `%s` | %s | %s | %s | %s | %s | %s | %s | %s | %s%s |'
+                 % (row.commit, row.program.replace('models/', '', 1)
+                    if row.source == TPU else row.program,
                     row.tensorflow, _cell(row.float32.short()
                                           if not row.note else '-'),
                     _cell(row.bfloat16.short() if not row.note else '-'),
@@ -529,19 +571,30 @@ def markdown(rows, command):
 
 
 TABLE_MARK = '<!-- corpus table: scripts/corpus.py writes below -->'
+# The table of the other repositories (`--source`), and where a table
+# ends when text follows it: every mark starts with `_MARK_START`.
+OTHERS_MARK = ('<!-- corpus table of other repositories: scripts/corpus.py '
+               'writes below -->')
+END_MARK = '<!-- corpus table end -->'
+_MARK_START = '<!-- corpus table'
 
 
-def write_table(path, text):
-  """Writes the table to `path`: below `TABLE_MARK` when the file has it
-  (docs/corpus.md keeps its text above), else as the whole file."""
-  head = ''
+def write_table(path, text, mark=TABLE_MARK):
+  """Writes the table to `path`: below `mark` when the file has it
+  (docs/corpus.md keeps its text above), up to the next mark or the end,
+  else as the whole file."""
+  head, tail = '', ''
   if os.path.exists(path):
     with open(path) as f:
       old = f.read()
-    if TABLE_MARK in old:
-      head = old[:old.index(TABLE_MARK) + len(TABLE_MARK)] + '\n\n'
+    if mark in old:
+      end = old.index(mark) + len(mark)
+      head = old[:end] + '\n\n'
+      following = old.find(_MARK_START, end)
+      if following >= 0:
+        tail = '\n' + old[following:]
   with open(path, 'w') as f:
-    f.write(head + text)
+    f.write(head + text + tail)
 
 
 def _cell(text):
@@ -550,10 +603,14 @@ def _cell(text):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('--repo', required=True,
+  parser.add_argument('--repo', default='',
                       help='git directory of tensorflow/tpu (or a clone)')
   parser.add_argument('--commits', default='HEAD',
-                      help='comma-separated commits (default HEAD)')
+                      help='comma-separated commits of --repo (default HEAD)')
+  parser.add_argument('--source', action='append', default=[],
+                      help='OWNER/NAME=GIT_DIR[@COMMIT[,COMMIT...]]: another '
+                      'repository and its commits (default HEAD); repeat '
+                      'for each')
   parser.add_argument('--python', action='append', required=True,
                       help='an interpreter with estimator_bf16 installed; '
                       'repeat for each TensorFlow')
@@ -569,8 +626,22 @@ def main(argv=None):
                       help='scratch folder (default: a temporary one)')
   parser.add_argument('--max_seconds', type=int, default=900)
   args = parser.parse_args(argv)
-  if not os.path.isdir(args.repo):
-    parser.error('--repo %s: no such folder' % args.repo)
+  sources = []  # (name, git dir, commits)
+  if args.repo:
+    sources.append((TPU, args.repo, args.commits))
+  for given in args.source:
+    name, _, where = given.partition('=')
+    git_dir, _, commits = where.partition('@')
+    if not name or not git_dir:
+      parser.error('--source %s: not OWNER/NAME=GIT_DIR[@COMMITS]' % given)
+    sources.append((name, git_dir, commits or 'HEAD'))
+  if not sources:
+    parser.error('give --repo or --source')
+  for name, git_dir, _ in sources:
+    if not os.path.isdir(git_dir):
+      parser.error('%s: %s: no such folder' % (name, git_dir))
+  mark = (TABLE_MARK if all(name == TPU for name, _, _ in sources)
+          else OTHERS_MARK)
   pythons = []
   for python in args.python:
     # Absolute: the programs run from their own folders.
@@ -591,9 +662,10 @@ def main(argv=None):
       for data in json.load(f):
         row = _row_from_dict(data)
         done[(row.commit, row.program, row.tensorflow)] = row
+  # No machine paths: an absolute path keeps its last part only.
   command = 'python scripts/corpus.py ' + ' '.join(
-      a if not a.startswith(('/', '--repo=/')) else
-      re.sub(r'.*/', '.../', a) for a in (argv or sys.argv[1:]))
+      re.sub(r'(^|=)/[^@=]*/', r'\1.../', a)
+      for a in (argv or sys.argv[1:]))
   rows: List[Row] = []
 
   def save(finished=()):
@@ -604,17 +676,18 @@ def main(argv=None):
       with open(args.json, 'w') as f:
         json.dump([dataclasses.asdict(r) for r in so_far], f, indent=1)
     if args.out != '-':
-      write_table(args.out, markdown(so_far, command))
+      write_table(args.out, markdown(so_far, command), mark)
 
-  for commit in [c for c in args.commits.split(',') if c]:
-    current = []
+  for name, git_dir, commits in sources:
+    for commit in [c for c in commits.split(',') if c]:
+      current = []
 
-    def on_row(row, current=current):
-      current.append(row)
-      save(current)
+      def on_row(row, current=current):
+        current.append(row)
+        save(current)
 
-    rows += run_commit(args.repo, commit, pythons, work, selected,
-                       args.max_seconds, log, done, on_row)
+      rows += run_commit(git_dir, commit, pythons, work, selected,
+                         args.max_seconds, log, done, on_row, name)
   save()
   if args.out == '-':
     sys.stdout.write(markdown(rows, command))

@@ -2,7 +2,8 @@
 
 A recipe is the program's own flags for a CPU run of a few steps, tiny
 batches and one evaluation, and the data it reads: its null input where it
-has one ('none'), or a few records `write_data` writes in its format.
+has one ('none'), or a few records `scripts/corpus_data.py` writes in its
+format.
 Flags a commit's program does not define are dropped by `scripts/corpus.py`
 (it reads the DEFINE_* calls of the program and the modules it imports at
 that commit), so one recipe serves every commit where the flag names
@@ -10,16 +11,23 @@ agree; `{model_dir}` and `{data_dir}` are filled in per run.
 
 A recipe with `skip` set is listed, not run: the reason says what the
 program needs that a CPU run without network cannot give it.
+
+tensorflow/tpu's recipes are keyed by the program's path; other
+repositories' by 'OWNER/NAME:PATH', with `SOURCES` saying where each keeps
+its programs.
 """
 
 import dataclasses
-import os
+import json
 from typing import Optional, Tuple
 
-import numpy as np
+from scripts.corpus_data import MAX_PREDICTIONS
+from scripts.corpus_data import SEQ_LENGTH
+from scripts.corpus_data import VOCAB_SIZE
 
 # Common to tensorflow/tpu's programs: the CPU, no TPU name, no exports.
 _OFF_TPU = ('--use_tpu=false', '--tpu=', '--master=', '--num_cores=8')
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +38,14 @@ class Recipe:
     flags: the program's flags, with `{model_dir}` / `{data_dir}`.
     data: 'none', 'imagenet' (JPEG TFRecords `train-*` / `validation-*`,
       labels 1..10 with ImageNet's 1-based convention), 'mnist'
-      (`train.tfrecords` / `validation.tfrecords` / `test.tfrecords`) or
-      'cifar' (`train.tfrecords` of raw 32x32x3 images).
+      (`train.tfrecords` / `validation.tfrecords` / `test.tfrecords`),
+      'cifar' (`train.tfrecords` of raw 32x32x3 images), or for the other
+      repositories 'bert', 'electra', 'uda_text', 'uda_image' (what their
+      writers below say).
     skip: if set, why the program is listed but not run.
-    paths: folders under `models/` the program expects on its import path
-      (besides `models/` and its own folder).
+    paths: folders under `models/` (another repository: under its first
+      program folder) the program expects on its import path (besides
+      that folder and its own).
     eval_flags: flags added for the bfloat16 evaluation of the float32
       run's checkpoint, for programs that would otherwise train on from
       it (`train(steps=N)`): their evaluation-only mode.
@@ -190,86 +201,183 @@ RECIPES = {
 }
 
 
-def recipe_for(program, commit):
-  """The recipe for `program` at `commit` (a full hash), or None."""
-  found = RECIPES.get(program)
+# Other repositories' programs: the BERT family (sentence-pair and
+# single-sentence classification, masked-LM pretraining with next-sentence
+# or sentence-order losses, SQuAD spans; AdamWeightDecay, LAMB, adapters
+# that train a few variables), ELECTRA's generator/discriminator, UDA's
+# consistency losses on text and images. Keys: 'OWNER/NAME:PATH'.
+_BERT_COMMON = ('--use_tpu=false', '--vocab_file={data_dir}/vocab.txt',
+                '--bert_config_file={data_dir}/bert_config.json',
+                '--max_seq_length=%d' % SEQ_LENGTH, '--train_batch_size=8',
+                '--eval_batch_size=8', '--predict_batch_size=8',
+                '--iterations_per_loop=2', '--save_checkpoints_steps=100',
+                '--output_dir={model_dir}')
+_BERT_CLASSIFIER = _BERT_COMMON + ('--do_train=true', '--do_eval=true',
+                                   '--num_train_epochs=1')
+_PRETRAINING = ('--use_tpu=false', '--input_file={data_dir}/pretrain.tfrecord',
+                '--do_train=true', '--do_eval=true',
+                '--bert_config_file={data_dir}/bert_config.json',
+                '--albert_config_file={data_dir}/bert_config.json',
+                '--max_seq_length=%d' % SEQ_LENGTH,
+                '--max_predictions_per_seq=%d' % MAX_PREDICTIONS,
+                '--train_batch_size=8', '--eval_batch_size=8',
+                '--num_train_steps=4', '--num_warmup_steps=1',
+                '--max_eval_steps=2', '--iterations_per_loop=2',
+                '--output_dir={model_dir}',
+                '--export_dir={model_dir}/export')
+
+
+def _json_flag(name, value):
+  """`--name=JSON` with the braces a recipe's `str.format` keeps, and
+  `{model_dir}` / `{data_dir}` still filled in."""
+  text = json.dumps(value).replace('{', '{{').replace('}', '}}')
+  for field in ('model_dir', 'data_dir'):
+    text = text.replace('{{%s}}' % field, '{%s}' % field)
+  return '--%s=%s' % (name, text)
+
+
+# ELECTRA's argparse flags: --data-dir, --model-name, and --hparams (JSON)
+# that overrides the config's fields; its model_dir is one of them.
+_ELECTRA_SMALL = {
+    'model_dir': '{model_dir}', 'model_size': 'small',
+    'model_hparam_overrides': {'hidden_size': 32, 'num_hidden_layers': 2,
+                               'num_attention_heads': 2,
+                               'intermediate_size': 64},
+    'embedding_size': 16, 'vocab_size': VOCAB_SIZE,
+    'max_seq_length': SEQ_LENGTH, 'train_batch_size': 8,
+    'eval_batch_size': 8, 'iterations_per_loop': 2}
+_ELECTRA_PRETRAINING = dict(
+    _ELECTRA_SMALL, do_train=True, do_eval=False, num_train_steps=4,
+    num_warmup_steps=1, num_eval_steps=2, save_checkpoints_steps=4)
+_ELECTRA_FINETUNING = dict(
+    _ELECTRA_SMALL, task_names=['cola'], init_checkpoint=None,
+    num_train_epochs=1.0, predict_batch_size=8, save_checkpoints_steps=100,
+    write_test_outputs=False)
+# Grover and its fork gpt2-ml: GPT-2 style causal LM, AdaFactor.
+_CAUSAL_LM = ('--use_tpu=false', '--config_file={data_dir}/config.json',
+              '--input_file={data_dir}/lm.tfrecord',
+              '--output_dir={model_dir}', '--max_seq_length=%d' % SEQ_LENGTH,
+              '--train_batch_size=8', '--num_train_steps=4',
+              '--num_warmup_steps=1', '--iterations_per_loop=2',
+              '--save_checkpoints_steps=4')
+_SENTENCEPIECE = 'needs sentencepiece (not installed here) and its model file'
+
+RECIPES.update({
+    'google-research/bert:run_classifier.py': Recipe(
+        _BERT_CLASSIFIER + ('--task_name=cola', '--data_dir={data_dir}/cola'),
+        'bert'),
+    'google-research/bert:run_pretraining.py': Recipe(_PRETRAINING, 'bert'),
+    'google-research/bert:run_squad.py': Recipe(
+        _BERT_COMMON + ('--do_train=true', '--do_predict=true',
+                        '--train_file={data_dir}/squad/train.json',
+                        '--predict_file={data_dir}/squad/dev.json',
+                        '--num_train_epochs=1', '--max_seq_length=48',
+                        '--doc_stride=16', '--max_query_length=12'), 'bert'),
+    'google-research/bert:extract_features.py': Recipe(
+        skip='predicts features from a trained checkpoint: no training or '
+        'evaluation to compare'),
+    'google-research/bert:run_classifier_with_tfhub.py': Recipe(
+        skip='needs tensorflow_hub (not installed) and a BERT module from '
+        'tfhub.dev (network)'),
+    'google-research/adapter-bert:run_classifier.py': Recipe(
+        _BERT_CLASSIFIER + ('--task_name=cola',
+                            '--data_dir={data_dir}/cola'), 'bert'),
+    'brightmart/albert_zh:run_classifier.py': Recipe(
+        _BERT_CLASSIFIER + ('--task_name=lcqmc',
+                            '--data_dir={data_dir}/lcqmc'), 'bert'),
+    'brightmart/albert_zh:run_pretraining.py': Recipe(_PRETRAINING, 'bert'),
+    'brightmart/albert_zh:run_pretraining_google.py': Recipe(
+        _PRETRAINING + ('--optimizer=lamb',), 'bert'),
+    'brightmart/albert_zh:run_pretraining_google_fast.py': Recipe(
+        _PRETRAINING + ('--optimizer=lamb',), 'bert'),
+    'brightmart/albert_zh:run_classifier_sp_google.py': Recipe(
+        skip=_SENTENCEPIECE),
+    'brightmart/albert_zh:run_classifier_clue.py': Recipe(
+        skip='reads CLUE JSON tasks through classifier_utils; no recipe '
+        'writes them yet (run_classifier.py covers its model)'),
+    'google-research/electra:run_pretraining.py': Recipe(
+        ('--data-dir={data_dir}', '--model-name=tiny',
+         _json_flag('hparams', _ELECTRA_PRETRAINING)), 'electra'),
+    'google-research/electra:run_finetuning.py': Recipe(
+        ('--data-dir={data_dir}', '--model-name=tiny',
+         _json_flag('hparams', _ELECTRA_FINETUNING)), 'electra'),
+    'google-research/uda:text/main.py': Recipe(
+        ('--use_tpu=false', '--do_train=true', '--do_eval=true',
+         '--sup_train_data_dir={data_dir}/sup',
+         '--unsup_data_dir={data_dir}/unsup',
+         '--eval_data_dir={data_dir}/dev',
+         '--bert_config_file={data_dir}/bert_config.json',
+         '--vocab_file={data_dir}/vocab.txt', '--task_name=IMDB',
+         '--model_dir={model_dir}', '--num_train_steps=4',
+         '--num_warmup_steps=1', '--save_checkpoints_num=1',
+         '--iterations_per_loop=2', '--unsup_ratio=1',
+         '--tsa=linear_schedule', '--aug_ops=bt-0.9', '--aug_copy=1',
+         '--uda_coeff=1', '--uda_softmax_temp=0.85',
+         '--uda_confidence_thresh=0.45', '--max_seq_length=%d' % SEQ_LENGTH,
+         '--train_batch_size=8', '--eval_batch_size=8'), 'uda_text',
+        eval_flags=('--do_train=false',)),
+    'google-research/uda:image/main.py': Recipe(
+        ('--use_tpu=false', '--do_train=true', '--do_eval=true',
+         '--task_name=cifar10', '--sup_size=32', '--aug_copy=1',
+         '--unsup_ratio=1', '--tsa=linear_schedule',
+         '--uda_softmax_temp=0.4', '--uda_confidence_thresh=0.8',
+         '--data_dir={data_dir}', '--model_dir={model_dir}',
+         '--train_batch_size=8', '--eval_batch_size=8', '--train_steps=4',
+         '--iterations=2', '--save_steps=4', '--wrn_size=8'), 'uda_image'),
+    'google-research/simclr:run.py': Recipe(
+        skip='needs tensorflow_datasets and tensorflow_hub (not installed) '
+        'and a TFDS dataset'),
+    'rowanz/grover:lm/train.py': Recipe(_CAUSAL_LM, 'causal_lm'),
+    'rowanz/grover:lm/validate.py': Recipe(
+        skip='predicts only, and needs h5py and google-cloud-storage (not '
+        'installed)'),
+    'rowanz/grover:discrimination/run_discrimination.py': Recipe(
+        skip="needs Grover's BPE encoder files and its JSONL news data; "
+        'its evaluation is a predict'),
+    'imcaspar/gpt2-ml:train/train_tpu.py': Recipe(_CAUSAL_LM, 'causal_lm'),
+    'kimiyoung/transformer-xl:tf/train.py': Recipe(
+        ('--use_tpu=false', '--model_dir={model_dir}',
+         '--data_dir={data_dir}', '--record_info_dir={data_dir}',
+         '--corpus_info_path={data_dir}/corpus-info.json',
+         '--train_steps=4', '--iterations=2')),
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """Where a repository keeps its programs.
+
+  Attributes:
+    folders: folders searched for programs ('' is the whole tree); the
+      first is on the import path with the recipes' `paths` under it.
+    programs: programs found although they lack the marker (their
+      TPUEstimator is built by a module they import).
+  """
+  folders: Tuple[str, ...] = ('',)
+  programs: Tuple[str, ...] = ()
+
+
+SOURCES = {
+    'tensorflow/tpu': Source(('models',)),
+    'google-research/uda': Source(('',), ('image/main.py',)),
+}
+
+
+def source_for(name):
+  """The `Source` of repository `name` (owner/name): the whole tree when
+  the table has none."""
+  return SOURCES.get(name, Source())
+
+
+def recipe_for(program, commit, source='tensorflow/tpu'):
+  """The recipe for `program` of `source` at `commit` (a full hash), or
+  None. tensorflow/tpu's recipes are keyed by path, others' by
+  'OWNER/NAME:PATH'."""
+  found = RECIPES.get(program if source == 'tensorflow/tpu' else
+                      '%s:%s' % (source, program))
   if isinstance(found, dict):
     for prefix, recipe in found.items():
       if prefix != 'default' and commit.startswith(prefix):
         return recipe
     return found['default']
   return found
-
-
-def _jpeg_records(path, count, seed, size=80):
-  # pylint: disable=g-import-not-at-top
-  from tests.support import record_writers
-  # pylint: enable=g-import-not-at-top
-  rng = np.random.RandomState(seed)
-  images = [rng.randint(0, 256, size=(size, size, 3)).astype(np.uint8)
-            for _ in range(count)]
-  labels = [int(label) for label in rng.randint(1, 11, size=count)]
-  record_writers.write_imagenet_tfrecord(path, images, labels)
-
-
-def _mnist_records(path, count, seed):
-  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf
-  # pylint: enable=g-import-not-at-top
-  rng = np.random.RandomState(seed)
-  with tf.io.TFRecordWriter(path) as writer:
-    for _ in range(count):
-      image = rng.randint(0, 256, size=784).astype(np.uint8)
-      label = int(rng.randint(10))
-      example = tf.train.Example(features=tf.train.Features(feature={
-          'image_raw': tf.train.Feature(bytes_list=tf.train.BytesList(
-              value=[image.tobytes()])),
-          'label': tf.train.Feature(int64_list=tf.train.Int64List(
-              value=[label])),
-          'height': tf.train.Feature(int64_list=tf.train.Int64List(
-              value=[28])),
-          'width': tf.train.Feature(int64_list=tf.train.Int64List(
-              value=[28])),
-          'depth': tf.train.Feature(int64_list=tf.train.Int64List(
-              value=[1])),
-      }))
-      writer.write(example.SerializeToString())
-
-
-def _cifar_records(path, count, seed):
-  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf
-  # pylint: enable=g-import-not-at-top
-  rng = np.random.RandomState(seed)
-  with tf.io.TFRecordWriter(path) as writer:
-    for _ in range(count):
-      # CIFAR's binary order: the red plane, then green, then blue.
-      image = rng.randint(0, 256, size=3 * 32 * 32).astype(np.uint8)
-      example = tf.train.Example(features=tf.train.Features(feature={
-          'image': tf.train.Feature(bytes_list=tf.train.BytesList(
-              value=[image.tobytes()])),
-          'label': tf.train.Feature(int64_list=tf.train.Int64List(
-              value=[int(rng.randint(10))])),
-      }))
-      writer.write(example.SerializeToString())
-
-
-def write_data(kind, folder):
-  """Writes the records a recipe's `data` names into `folder`."""
-  os.makedirs(folder, exist_ok=True)
-  if kind == 'none':
-    return
-  if kind == 'imagenet':
-    _jpeg_records(os.path.join(folder, 'train-00000-of-00001'), 64, seed=1)
-    _jpeg_records(os.path.join(folder, 'validation-00000-of-00001'), 64,
-                  seed=2)
-    return
-  if kind == 'cifar':
-    _cifar_records(os.path.join(folder, 'train.tfrecords'), 64, seed=1)
-    return
-  if kind == 'mnist':
-    for name, seed in (('train', 1), ('validation', 2), ('test', 3)):
-      _mnist_records(os.path.join(folder, name + '.tfrecords'), 64, seed)
-    return
-  raise ValueError('unknown data kind %r: none, imagenet, mnist, cifar' %
-                   (kind,))

@@ -3,7 +3,8 @@
 The real corpus (tensorflow/tpu at three commits) takes an hour and the
 repository; here a git repository made by the test holds three programs:
 one that trains and evaluates, one whose float32 run fails, one without a
-recipe. The table must say so, row by row.
+recipe. The table must say so, row by row. A second one, laid out like the
+other repositories (programs at its root, `--source`), gets its own table.
 """
 
 import dataclasses
@@ -79,6 +80,30 @@ if __name__ == '__main__':
   app.run(main)
 '''
 
+_NO_DATA = '''
+from absl import app, flags
+flags.DEFINE_integer('train_steps', 1, 'Steps.')
+FLAGS = flags.FLAGS
+# TPUEstimator( marks a program; this one stops before it builds one.
+def main(argv):
+  del argv
+  raise FileNotFoundError('no data for %d steps' % FLAGS.train_steps)
+if __name__ == '__main__':
+  app.run(main)
+'''
+
+
+def _make_repository(folder, files):
+  """A git repository of `files` ({path: text}); returns its git dir."""
+  for path, text in files.items():
+    os.makedirs(os.path.join(folder, os.path.dirname(path)), exist_ok=True)
+    with open(os.path.join(folder, path), 'w') as f:
+      f.write(textwrap.dedent(text))
+  _git(folder, 'init', '-q')
+  _git(folder, 'add', '.')
+  _git(folder, 'commit', '-q', '-m', 'programs')
+  return os.path.join(folder, '.git')
+
 
 def _git(folder, *args):
   env = dict(os.environ, GIT_AUTHOR_NAME='t', GIT_AUTHOR_EMAIL='t@t',
@@ -90,22 +115,13 @@ def _git(folder, *args):
 class CorpusRunTest(tf.test.TestCase):
 
   def _repository(self):
-    folder = self.create_tempdir().full_path
-    files = {
+    return _make_repository(self.create_tempdir().full_path, {
         'models/official/tiny/tiny_main.py': _TINY,
         'models/official/tiny/tiny_flags.py': _TINY_FLAGS,
         'models/official/broken/broken_main.py': _BROKEN,
         'models/official/other/other_main.py': _BROKEN,
         'models/official/tiny/README.md': 'not a program\n',
-    }
-    for path, text in files.items():
-      os.makedirs(os.path.join(folder, os.path.dirname(path)), exist_ok=True)
-      with open(os.path.join(folder, path), 'w') as f:
-        f.write(textwrap.dedent(text))
-    _git(folder, 'init', '-q')
-    _git(folder, 'add', '.')
-    _git(folder, 'commit', '-q', '-m', 'programs')
-    return os.path.join(folder, '.git')
+    })
 
   def test_the_table_says_what_each_program_did(self):
     git_dir = self._repository()
@@ -143,6 +159,61 @@ class CorpusRunTest(tf.test.TestCase):
                   'gs://bucket/train-*: no such file',
                   rows['official/broken/broken_main.py'])
     self.assertIn('no recipe', rows['official/other/other_main.py'])
+
+  def test_another_repository_gets_its_own_table(self):
+    # Laid out like google-research/bert: programs at the root, one more
+    # in a folder that only `Source.programs` names (no marker in it).
+    # Its program stops at once (one process, not a training's four):
+    # what is tested is that its own recipe reached it, and where its row
+    # goes; the rows of a training are the test above's.
+    git_dir = _make_repository(self.create_tempdir().full_path, {
+        'train.py': _NO_DATA,
+        'tools/launch.py': 'raise SystemExit(3)\n',
+        'tools/skipped.py': _BROKEN,
+    })
+    recipes = {
+        'someone/tiny:train.py': corpus_recipes.Recipe(
+            ('--use_tpu=false', '--model_dir={model_dir}',
+             '--train_steps=6')),
+        # tensorflow/tpu's key: not this repository's program.
+        'train.py': corpus_recipes.Recipe(skip='not this one'),
+        'someone/tiny:tools/skipped.py': corpus_recipes.Recipe(
+            skip='needs what is not here'),
+    }
+    sources = {'someone/tiny': corpus_recipes.Source(
+        ('',), programs=('tools/launch.py',))}
+    out = os.path.join(self.create_tempdir().full_path, 'corpus.md')
+    tpu_table = 'tensorflow/tpu table\n'
+    with open(out, 'w') as f:
+      f.write('# Corpus\n\n%s\n\n%s%s\n## Others\n\n%s\nold\n' % (
+          corpus.TABLE_MARK, tpu_table, corpus.END_MARK, corpus.OTHERS_MARK))
+    with mock.patch.dict(corpus_recipes.RECIPES, recipes, clear=True), \
+        mock.patch.dict(corpus_recipes.SOURCES, sources):
+      code = corpus.main(['--source', 'someone/tiny=%s@HEAD' % git_dir,
+                          '--python', sys.executable, '--out', out,
+                          '--work', self.create_tempdir().full_path,
+                          '--max_seconds', '120'])
+    self.assertEqual(code, 0)
+    with open(out) as f:
+      text = f.read()
+    # The tensorflow/tpu table stays; the new one replaces `old`.
+    self.assertIn(corpus.TABLE_MARK + '\n\n' + tpu_table + corpus.END_MARK,
+                  text)
+    self.assertNotIn('old', text)
+    table = text[text.index(corpus.OTHERS_MARK):]
+    self.assertIn('| repository | commit | program |', table)
+    self.assertNotIn(git_dir, table)  # no machine paths
+    rows = {line.split('|')[3].strip(' `'): line
+            for line in table.splitlines() if '| someone/tiny |' in line}
+    self.assertEqual(sorted(rows), ['tools/launch.py', 'tools/skipped.py',
+                                    'train.py'])
+    # Its flag came from the recipe keyed by this repository.
+    self.assertIn('not runnable: float32: exit 1: FileNotFoundError: no '
+                  'data for 6 steps', rows['train.py'])
+    self.assertIn('no recipe: needs what is not here',
+                  rows['tools/skipped.py'])
+    self.assertIn('no recipe: what it needs is not known here',
+                  rows['tools/launch.py'])
 
 
 class CorpusPartsTest(tf.test.TestCase):
@@ -193,11 +264,14 @@ class CorpusPartsTest(tf.test.TestCase):
     root = self.create_tempdir().full_path
     files = {
         'models/a/main.py': 'import helper\nfrom common import shared\n'
+                            'import args\n'
                             'flags.DEFINE_integer("steps", 1, "")\n',
         'models/a/helper.py': 'flags.DEFINE_string(name="data_dir", '
                               'default="", help="")\n',
         'models/common/shared.py': "flags.DEFINE_bool('use_tpu', 1, '')\n",
         'models/b/other.py': "flags.DEFINE_bool('precision', 1, '')\n",
+        # argparse's flags count too (google-research/electra).
+        'models/a/args.py': "parser.add_argument('--data-dir', '-d')\n",
     }
     for path, text in files.items():
       os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
@@ -206,7 +280,7 @@ class CorpusPartsTest(tf.test.TestCase):
     self.assertEqual(
         corpus.program_flags(os.path.join(root, 'models/a/main.py'),
                              [os.path.join(root, 'models')]),
-        {'steps', 'data_dir', 'use_tpu'})
+        {'steps', 'data_dir', 'use_tpu', 'data-dir'})
 
   def test_rows_come_back_from_their_json(self):
     row = corpus.Row('abcd1234', 'models/a/main.py', '2.15.1',
@@ -225,6 +299,15 @@ class CorpusPartsTest(tf.test.TestCase):
     with open(path) as f:
       self.assertEqual(f.read(), '# Title\n\nText.\n\n' + corpus.TABLE_MARK +
                        '\n\nnew table\n')
+    # A table ends at the next mark: what follows it stays.
+    with open(path, 'a') as f:
+      f.write(corpus.END_MARK + '\nMore.\n' + corpus.OTHERS_MARK + '\nx\n')
+    corpus.write_table(path, 'newer\n')
+    corpus.write_table(path, 'others\n', corpus.OTHERS_MARK)
+    with open(path) as f:
+      self.assertEqual(f.read(), '# Title\n\nText.\n\n' + corpus.TABLE_MARK +
+                       '\n\nnewer\n\n' + corpus.END_MARK + '\nMore.\n' +
+                       corpus.OTHERS_MARK + '\n\nothers\n')
 
   def test_the_reason_is_the_line_that_says_why(self):
     self.assertEqual(corpus._reason(  # pylint: disable=protected-access
