@@ -566,7 +566,7 @@ def markdown(rows, command):
               len(train_only_passed), len(not_runnable),
               len(rows) - len(runnable) - len(train_only) -
               len(not_runnable)), '',
-          'Made by:', '', '```sh', command, '```', '']
+          'Made by:', '', '```text', command, '```', '']
   return '\n'.join(head + lines) + '\n'
 
 

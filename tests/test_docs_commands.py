@@ -40,6 +40,9 @@ _NOT_RUN = {
     ('docs/corpus.md', '.venv/bin/python scripts/corpus.py'):
         'needs a copy of tensorflow/tpu and an hour; tests/test_corpus.py '
         'runs the same script on a repository the test makes',
+    ('docs/corpus.md', 'mkdir -p ../corpus'):
+        'clones nine repositories (the network) and runs for an hour; '
+        'tests/test_corpus.py runs --source on a repository the test makes',
     ('docs/compat.md', 'scripts/test_matrix.sh'):
         'the suite itself: `make test` runs it',
     ('docs/tpu.md', 'gcloud'):
