@@ -324,8 +324,11 @@ def memory_session_config():
   together, changes from session to session, and so does the peak (on a
   64x64 conv net, 50 to 64 MiB for one graph). One op at a time makes the
   order far steadier, though not fixed: the next ready op still follows
-  kernel times the executor measured, and the 4-layer BERT-style step of
-  the planner test reads within about 2% from session to session.
+  kernel times the executor measured, and the BERT-style step of the
+  planner test reads within about 2% from session to session. Only in a
+  process whose first session this is: the first session sizes the
+  inter-op pool that later ones share (in a test process after other
+  tests, ops may still run side by side).
   """
   config = tf.compat.v1.ConfigProto()
   config.inter_op_parallelism_threads = 1

@@ -11,6 +11,7 @@ from estimator_bf16.memory import peak as peak_memory
 from estimator_bf16.memory import plan_build
 from estimator_bf16.memory import plan_simulate
 from estimator_bf16.memory import planner
+from estimator_bf16.models.styles import bert_style
 from estimator_bf16.platform import cpu_bfloat16
 from benchmarks import configs
 from benchmarks import graphs
@@ -221,10 +222,27 @@ class ErrorsTest(parameterized.TestCase):
 
 
 # google-research/bert-style code (raw get_variable, tanh GELU, layer norm)
-# at a size that builds and runs in seconds.
+# at a size that builds and runs in about a second.
 _BERT_STYLE = configs.ModelSpec('bert_style_small', 'bert_style',
                                 batch_size=16, optimizer='adam',
                                 seq_length=64, num_classes=2, vocab_size=2000)
+# The benchmark's BERT-mini widths (benchmarks/graphs.py) with two layers,
+# not four: building the graph is most of a case's cost (three builds: the
+# measured step and the plan's two), and it is in proportion to the layers.
+# Two keep the planner within 3% of the measurement in every case below
+# (TF 2.15, native and emulated bfloat16); with one, recompute has nothing
+# to cut (its measured peak came out above the plain step's).
+_BERT_STYLE_CONFIG = bert_style.BertStyleConfig(
+    vocab_size=_BERT_STYLE.vocab_size, hidden_size=256, num_layers=2,
+    num_heads=4, intermediate_size=1024,
+    max_positions=_BERT_STYLE.seq_length)
+
+
+def _bert_style_model_fn():
+  """The benchmark's legacy model_fn of _BERT_STYLE, on the 2-layer net."""
+  return graphs.model_fn(
+      _BERT_STYLE, network_builder=lambda params: bert_style.
+      classifier_network(_BERT_STYLE_CONFIG, _BERT_STYLE.num_classes))
 
 
 class LeversPlanTest(parameterized.TestCase):
@@ -391,36 +409,36 @@ class CompiledPlanTest(parameterized.TestCase):
 
 @functools.lru_cache(maxsize=None)
 def _bert_style_plan(precision, steps, recompute):
-  # Each plan builds the model twice (4 s here): a recompute case's plain
-  # plan is the plain or accumulate case's, built once.
-  return planning.plan_model(_BERT_STYLE, precision,
-                             gradient_accumulation_steps=steps,
-                             recompute=recompute)
+  # Each plan builds the model twice (1.5 s here): a recompute case's
+  # plain plan is the plain or accumulate case's, built once. As
+  # `planning.plan_model` plans a benchmark's model, on the 2-layer net.
+  features, labels = graphs.feature_specs(_BERT_STYLE)
+  return planner.memory_plan(
+      _bert_style_model_fn(), features=features, labels=labels,
+      precision=precision, gradient_accumulation_steps=steps,
+      recompute=recompute)
 
 
-@pytest.mark.slow
-@pytest.mark.serial
-class MeasuredPeakTest(parameterized.TestCase):
+# (name, K, recompute, batch) of each measured case. Both levers at 32:
+# micro-batches of 8. At 16 (micro-batches of 4; measured on the 4-layer
+# net) the step's transient part is 11% of it and bfloat16 is planned 11%
+# high.
+_LEVER_CASES = (('plain', 1, False, 16), ('accumulate', 4, False, 16),
+                ('recompute', 1, True, 16), ('both', 4, True, 32))
+
+
+class _MeasuredPeakChecks:
   """The plan against the same training step run on this CPU."""
 
-  @parameterized.named_parameters(
-      *[('%s_%s' % (precision, name), precision, steps, recompute, batch)
-        for precision in ('float32', 'bfloat16')
-        # Both levers at 32: micro-batches of 8. At 16 (micro-batches of 4)
-        # the step's transient part is 11% of it and bfloat16 is planned
-        # 11% high.
-        for name, steps, recompute, batch in (('plain', 1, False, 16),
-                                              ('accumulate', 4, False, 16),
-                                              ('recompute', 1, True, 16),
-                                              ('both', 4, True, 32))])
-  def test_close_to_the_live_tensor_peak(self, precision, steps, recompute,
-                                         batch):
+  def check_close_to_the_live_tensor_peak(self, precision, steps, recompute,
+                                          batch):
     if not peak_memory.allocator_stats_enabled():
       self.skipTest('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
                     'loads')
-    step = graphs.build_train_step(_BERT_STYLE, precision, batch,
-                                   gradient_accumulation_steps=steps,
-                                   recompute=recompute)
+    step = graphs.build_train_step(
+        _BERT_STYLE, precision, batch,
+        model_fn_override=_bert_style_model_fn(),
+        gradient_accumulation_steps=steps, recompute=recompute)
     measured = step_memory.measure_step_memory(step)['peak_tensor_bytes']
     plan = _bert_style_plan(precision, steps, recompute)
     # Without bfloat16 arithmetic the CPU's matmuls hold float32 copies,
@@ -435,6 +453,35 @@ class MeasuredPeakTest(parameterized.TestCase):
     if recompute:
       plain = _bert_style_plan(precision, steps, False)
       self.assertLess(estimate, plain.step_bytes(batch, upcast=emulated))
+
+
+# Not `serial`: while two other processes kept both cores busy, five runs
+# of these cases moved their relative errors by at most 2.1 points (of the
+# 10% tolerance; worst error 2.1%), with native and with emulated bfloat16
+# kernels (TF_ENABLE_ONEDNN_OPTS=0) alike; and by 2.5 points (worst -3.1%)
+# where a default session came first, as in a pytest worker: a process's
+# first session sizes the inter-op pool all later ones share, so the ops
+# of `graphs.memory_session_config` need not run one at a time.
+@pytest.mark.slow
+class MeasuredPeakFloat32Test(_MeasuredPeakChecks, parameterized.TestCase):
+
+  @parameterized.named_parameters(*_LEVER_CASES)
+  def test_close_to_the_live_tensor_peak(self, steps, recompute, batch):
+    self.check_close_to_the_live_tensor_peak('float32', steps, recompute,
+                                             batch)
+
+
+# `serial`: under the same load, with emulated bfloat16 kernels the
+# recompute case's peak moved by 7.3 points (52.7 to 56.7 MiB), more than
+# a third of its 15% tolerance; the other cases moved by 2 points at most.
+@pytest.mark.slow
+@pytest.mark.serial
+class MeasuredPeakBfloat16Test(_MeasuredPeakChecks, parameterized.TestCase):
+
+  @parameterized.named_parameters(*_LEVER_CASES)
+  def test_close_to_the_live_tensor_peak(self, steps, recompute, batch):
+    self.check_close_to_the_live_tensor_peak('bfloat16', steps, recompute,
+                                             batch)
 
 
 if __name__ == '__main__':
