@@ -123,6 +123,15 @@ class CorpusRunTest(tf.test.TestCase):
         'models/official/tiny/README.md': 'not a program\n',
     })
 
+  def _corpus(self, out, *sources):
+    """Runs scripts/corpus.py on `sources`; returns what it wrote to `out`."""
+    code = corpus.main(list(sources) + [
+        '--python', sys.executable, '--out', out,
+        '--work', self.create_tempdir().full_path, '--max_seconds', '120'])
+    self.assertEqual(code, 0)
+    with open(out) as f:
+      return f.read()
+
   def test_the_table_says_what_each_program_did(self):
     git_dir = self._repository()
     recipes = {
@@ -137,13 +146,7 @@ class CorpusRunTest(tf.test.TestCase):
     }
     out = os.path.join(self.create_tempdir().full_path, 'corpus.md')
     with mock.patch.dict(corpus_recipes.RECIPES, recipes, clear=True):
-      code = corpus.main(['--repo', git_dir, '--commits', 'HEAD',
-                          '--python', sys.executable, '--out', out,
-                          '--work', self.create_tempdir().full_path,
-                          '--max_seconds', '120'])
-    self.assertEqual(code, 0)
-    with open(out) as f:
-      table = f.read()
+      table = self._corpus(out, '--repo', git_dir, '--commits', 'HEAD')
     self.assertIn('Passed: **1 of 1**', table)
     rows = {line.split('|')[2].strip(' `'): line
             for line in table.splitlines() if line.startswith('| ')
@@ -189,13 +192,7 @@ class CorpusRunTest(tf.test.TestCase):
           corpus.TABLE_MARK, tpu_table, corpus.END_MARK, corpus.OTHERS_MARK))
     with mock.patch.dict(corpus_recipes.RECIPES, recipes, clear=True), \
         mock.patch.dict(corpus_recipes.SOURCES, sources):
-      code = corpus.main(['--source', 'someone/tiny=%s@HEAD' % git_dir,
-                          '--python', sys.executable, '--out', out,
-                          '--work', self.create_tempdir().full_path,
-                          '--max_seconds', '120'])
-    self.assertEqual(code, 0)
-    with open(out) as f:
-      text = f.read()
+      text = self._corpus(out, '--source', 'someone/tiny=%s@HEAD' % git_dir)
     # The tensorflow/tpu table stays; the new one replaces `old`.
     self.assertIn(corpus.TABLE_MARK + '\n\n' + tpu_table + corpus.END_MARK,
                   text)

@@ -61,6 +61,17 @@ def is_package_command(argv):
   return False
 
 
+def _command_line(argv):
+  """`argv`, or the interpreter's full command line when it is None."""
+  return list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
+
+
+def _hides_noise(argv):
+  """True in a command of this package run without `--verbose`."""
+  argv = _command_line(argv)
+  return is_package_command(argv) and VERBOSE_FLAG not in argv
+
+
 def quiet_commands(argv=None, environ=None):
   """Sets TF_CPP_MIN_LOG_LEVEL for our commands; see the module doc.
 
@@ -71,7 +82,7 @@ def quiet_commands(argv=None, environ=None):
   Returns:
     True if the level was set here.
   """
-  argv = list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
+  argv = _command_line(argv)
   environ = os.environ if environ is None else environ
   if not is_package_command(argv) or 'TF_CPP_MIN_LOG_LEVEL' in environ:
     return False
@@ -170,9 +181,7 @@ def loading_noise_hidden(argv=None):
   Args:
     argv: the interpreter's full command line (default `sys.orig_argv`).
   """
-  argv = list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
-  if (not is_package_command(argv) or VERBOSE_FLAG in argv or
-      'tensorflow' in sys.modules or
+  if (not _hides_noise(argv) or 'tensorflow' in sys.modules or
       backend.installed_tf_version() < (2, 16)):
     yield
     return
@@ -194,8 +203,7 @@ def compile_noise_hidden(argv=None):
   Args:
     argv: the interpreter's full command line (default `sys.orig_argv`).
   """
-  argv = list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
-  if not is_package_command(argv) or VERBOSE_FLAG in argv:
+  if not _hides_noise(argv):
     yield
     return
   with descriptor_filtered(LOAD_NOISE.pattern):
@@ -250,8 +258,7 @@ def deprecation_notices_hidden(argv=None):
   Args:
     argv: the interpreter's full command line (default `sys.orig_argv`).
   """
-  argv = list(getattr(sys, 'orig_argv', sys.argv) if argv is None else argv)
-  if not is_package_command(argv) or VERBOSE_FLAG in argv:
+  if not _hides_noise(argv):
     yield
     return
   import warnings  # pylint: disable=g-import-not-at-top
