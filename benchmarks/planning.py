@@ -10,7 +10,7 @@ from benchmarks import graphs
 
 
 def plan_model(spec, precision, optimizer=None, gradient_accumulation_steps=1,
-               recompute=False, compiled=False):
+               recompute=False, compiled=False, network_builder=None):
   """Returns the `MemoryPlan` of `spec`'s training step.
 
   Args:
@@ -19,10 +19,12 @@ def plan_model(spec, precision, optimizer=None, gradient_accumulation_steps=1,
     optimizer: overrides `spec.optimizer` (e.g. 'adafactor').
     gradient_accumulation_steps, recompute: the memory levers.
     compiled: plan the step as XLA compiles it (`eb.memory_plan`).
+    network_builder: overrides the spec's network (`graphs.model_fn`).
   """
   features, labels = graphs.feature_specs(spec)
   return planner.memory_plan(
-      graphs.model_fn(spec, optimizer), features=features, labels=labels,
+      graphs.model_fn(spec, optimizer, network_builder), features=features,
+      labels=labels,
       precision=precision,
       gradient_accumulation_steps=gradient_accumulation_steps,
       recompute=recompute, compiled=compiled)

@@ -238,11 +238,11 @@ _BERT_STYLE_CONFIG = bert_style.BertStyleConfig(
     max_positions=_BERT_STYLE.seq_length)
 
 
-def _bert_style_model_fn():
-  """The benchmark's legacy model_fn of _BERT_STYLE, on the 2-layer net."""
-  return graphs.model_fn(
-      _BERT_STYLE, network_builder=lambda params: bert_style.
-      classifier_network(_BERT_STYLE_CONFIG, _BERT_STYLE.num_classes))
+def _bert_style_network(params):
+  """The benchmark's BERT-style network of _BERT_STYLE, on the 2-layer net."""
+  del params
+  return bert_style.classifier_network(_BERT_STYLE_CONFIG,
+                                       _BERT_STYLE.num_classes)
 
 
 class LeversPlanTest(parameterized.TestCase):
@@ -410,13 +410,11 @@ class CompiledPlanTest(parameterized.TestCase):
 @functools.lru_cache(maxsize=None)
 def _bert_style_plan(precision, steps, recompute):
   # Each plan builds the model twice (1.5 s here): a recompute case's
-  # plain plan is the plain or accumulate case's, built once. As
-  # `planning.plan_model` plans a benchmark's model, on the 2-layer net.
-  features, labels = graphs.feature_specs(_BERT_STYLE)
-  return planner.memory_plan(
-      _bert_style_model_fn(), features=features, labels=labels,
-      precision=precision, gradient_accumulation_steps=steps,
-      recompute=recompute)
+  # plain plan is the plain or accumulate case's, built once.
+  return planning.plan_model(_BERT_STYLE, precision,
+                             gradient_accumulation_steps=steps,
+                             recompute=recompute,
+                             network_builder=_bert_style_network)
 
 
 # (name, K, recompute, batch) of each measured case. Both levers at 32:
@@ -437,7 +435,8 @@ class _MeasuredPeakChecks:
                     'loads')
     step = graphs.build_train_step(
         _BERT_STYLE, precision, batch,
-        model_fn_override=_bert_style_model_fn(),
+        model_fn_override=graphs.model_fn(
+            _BERT_STYLE, network_builder=_bert_style_network),
         gradient_accumulation_steps=steps, recompute=recompute)
     measured = step_memory.measure_step_memory(step)['peak_tensor_bytes']
     plan = _bert_style_plan(precision, steps, recompute)
