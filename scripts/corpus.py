@@ -67,6 +67,8 @@ METRIC_TOLERANCE = 0.25
 _SEED = 1
 # The repository `--repo` names.
 TPU = 'tensorflow/tpu'
+# Its program folders, the default where a caller names none.
+_TPU_FOLDERS = corpus_recipes.source_for(TPU).folders
 _SHARE_METRICS = re.compile(r'acc|top_?\d|precision|recall|auc', re.I)
 _PROGRAM_MARKERS = ('TPUEstimator(',)
 _MAIN_MARKERS = ('app.run(', "__name__ == '__main__'",
@@ -212,7 +214,7 @@ def _percent(share):
   return 'n/a' if share is None else '%.1f%%' % (100 * share)
 
 
-def extract(git_dir, commit, dest, folders=('models',)):
+def extract(git_dir, commit, dest, folders=_TPU_FOLDERS):
   """`folders` of `commit` into `dest` ('' is the whole tree); returns the
   full commit hash.
 
@@ -251,7 +253,7 @@ def extract(git_dir, commit, dest, folders=('models',)):
   return full
 
 
-def find_programs(root, folders=('models',), extra=()):
+def find_programs(root, folders=_TPU_FOLDERS, extra=()):
   """Paths (relative to `root`) of programs that build a TPUEstimator,
   under `folders` ('' is all of `root`), and the `extra` paths that exist
   (programs whose TPUEstimator is built by a module they import)."""
@@ -428,7 +430,7 @@ def _row_from_dict(data):
 
 
 def _run_row(row, recipe, tree, python, work, max_seconds, log,
-             folders=('models',)):
+             folders=_TPU_FOLDERS):
   """Float32, bfloat16 and the plan of one program on one interpreter.
 
   The row's folder keeps each run's report and stderr (`NAME.json`,
@@ -446,7 +448,7 @@ def _run_row(row, recipe, tree, python, work, max_seconds, log,
 
 
 def _run_in(scratch, row, recipe, tree, python, max_seconds, log,
-            folders=('models',)):
+            folders=_TPU_FOLDERS):
   """`_run_row` in its folder `scratch`; `folders`: the repository's
   program folders, on the import path (the recipe's `paths` are under the
   first)."""
