@@ -319,19 +319,13 @@ def memory_session_config():
   not what a TPU core holds), so memory is measured with folding off. The
   throughput sessions keep TensorFlow's defaults.
 
-  Ops also run one at a time (each still uses every core): with several
-  ops in flight the executor's order, and with it which tensors are alive
-  together, changes from session to session, and so does the peak (on a
-  64x64 conv net, 50 to 64 MiB for one graph). One op at a time makes the
-  order far steadier, though not fixed: the next ready op still follows
-  kernel times the executor measured, and the BERT-style step of the
-  planner test reads within about 2% from session to session. Only in a
-  process whose first session this is: the first session sizes the
-  inter-op pool that later ones share (in a test process after other
-  tests, ops may still run side by side).
+  The traced step itself runs one op at a time, on the calling thread
+  (`memory.peak.traced_run_options`): with several ops in flight the
+  executor's order, and with it which tensors are alive together, changes
+  with the machine's load (on a 64x64 conv net, 50 to 64 MiB for one
+  graph).
   """
   config = tf.compat.v1.ConfigProto()
-  config.inter_op_parallelism_threads = 1
   config.graph_options.optimizer_options.opt_level = (
       tf.compat.v1.OptimizerOptions.L0)
   config.graph_options.optimizer_options.do_constant_folding = False

@@ -70,8 +70,7 @@ def measure_step_memory(step, session_config=None):
     persistent = bytes_in_use() - baseline
     run_metadata = tf.compat.v1.RunMetadata()
     graphs.run_update(session, step,
-                      options=tf.compat.v1.RunOptions(
-                          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                      options=memory_lib.traced_run_options(),
                       run_metadata=run_metadata)
     peak = memory_lib.peak_bytes_from_run_metadata(run_metadata) - baseline
   finally:

@@ -22,13 +22,14 @@ WHICH="${1:-all}"
 shift || true
 
 # Both cores (pytest-xdist, one worker per core; tests are independent and
-# each writes to its own temporary folders), then the tests marked `serial`
-# alone: they measure a step's memory peak, which the executor's order and
-# so the other worker's load move. A class's tests (a module's, for test
-# functions) go to one worker (`--dist loadscope`), so what a class builds
-# once for all its tests (setUpClass, module fixtures) is built once, not
-# once per worker. The 15 slowest tests of each part are printed at its
-# end. PYTEST_WORKERS=0 runs everything in one process.
+# each writes to its own temporary folders). A class's tests (a module's,
+# for test functions) go to one worker (`--dist loadscope`), so what a
+# class builds once for all its tests (setUpClass, module fixtures) is
+# built once, not once per worker. Tests that measure a step's memory peak
+# run beside the others: the traced step runs one op at a time
+# (estimator_bf16/memory/peak.py, traced_run_options), so the other
+# worker's load does not move its order. The 15 slowest tests are printed
+# at the end. PYTEST_WORKERS=0 runs everything in one process.
 WORKERS="${PYTEST_WORKERS:-2}"
 
 # Seconds of each stage, in order, for the closing line.
@@ -51,57 +52,22 @@ if [[ "${COVERAGE:-0}" == 1 ]]; then
   rm -f .coverage .coverage.*
 fi
 
-# serial_args [args]: sets SERIAL_ARGS to the arguments with each test
-# file or folder among them narrowed to the files that mark a test
-# `serial`, so the serial part does not import (collect) the whole suite
-# again to run a few classes; empty when none of them has a serial test.
-serial_args() {
-  local arg file found=0
-  SERIAL_ARGS=()
-  for arg in "$@"; do
-    if [[ -e "$arg" ]]; then
-      while IFS= read -r file; do
-        SERIAL_ARGS+=("$file")
-        found=1
-      done < <(grep -rl --include='test_*.py' '@pytest.mark.serial' "$arg")
-    else
-      SERIAL_ARGS+=("$arg")
-    fi
-  done
-  ((found)) || SERIAL_ARGS=()
-}
-
-# pytest LABEL PYTHON [args]: the parallel part, then the serial one; fails
-# if either does (exit 5, no test selected, is no failure: -k may select
-# none).
-pytest_in_two_parts() {
-  local label="$1" python="$2"; shift 2
-  local status=0 code
-  if [[ "$WORKERS" == 0 ]]; then
-    timed "$label" "$python" -m pytest -q --durations=15 \
-      "${COVERAGE_ARGS[@]}" "$@"
-    return $?
-  fi
-  timed "$label parallel" "$python" -m pytest -q --durations=15 \
-    -n "$WORKERS" --dist loadscope -m "not serial" "${COVERAGE_ARGS[@]}" "$@"
+# run_pytest LABEL PYTHON [args]: one stage, timed as LABEL; exit 5 (no
+# test selected: -k may select none) is no failure.
+run_pytest() {
+  local label="$1" python="$2" code
+  shift 2
+  local parallel=(-n "$WORKERS" --dist loadscope)
+  [[ "$WORKERS" == 0 ]] && parallel=()
+  timed "$label" "$python" -m pytest -q --durations=15 "${parallel[@]}" \
+    "${COVERAGE_ARGS[@]}" "$@"
   code=$?
-  [[ $code == 0 || $code == 5 ]] || status=1
-  serial_args "$@"
-  if ((${#SERIAL_ARGS[@]} == 0)); then
-    echo "test_matrix: no serial tests among these" >&2
-    return $status
-  fi
-  echo "test_matrix: the serial tests (memory peaks), one process" >&2
-  timed "$label serial" "$python" -m pytest -q --durations=15 -m serial \
-    "${COVERAGE_ARGS[@]}" "${SERIAL_ARGS[@]}"
-  code=$?
-  [[ $code == 0 || $code == 5 ]] || status=1
-  return $status
+  [[ $code == 0 || $code == 5 ]]
 }
 
 run_tf215() {
   echo "test_matrix: TensorFlow 2.15 (.venv), full suite" >&2
-  pytest_in_two_parts "TF 2.15" .venv/bin/python tests "$@"
+  run_pytest "TF 2.15" .venv/bin/python tests "$@"
 }
 
 # The newest-TensorFlow run: the tests whose code path differs on the
@@ -179,7 +145,7 @@ run_tf_latest() {
     deselect+=(--deselect "$node")
   done
   echo "test_matrix: newest TensorFlow (.venv-tf-latest): ${tests[*]}" >&2
-  TF_USE_LEGACY_KERAS=1 pytest_in_two_parts "TF latest" \
+  TF_USE_LEGACY_KERAS=1 run_pytest "TF latest" \
     .venv-tf-latest/bin/python \
     "${tests[@]}" -p tests.support.compat_install_plugin "${deselect[@]}" "$@"
 }

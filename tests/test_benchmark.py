@@ -444,12 +444,11 @@ def _traced_run(graph, fetch):
   """Initialises `graph`'s variables, runs `fetch` once one op at a time
   with FULL_TRACE, and returns the `RunMetadata`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
-  with tf.compat.v1.Session(graph=graph, config=config) as session:
+  from estimator_bf16.memory import peak  # pylint: disable=g-import-not-at-top
+  with tf.compat.v1.Session(graph=graph) as session:
     session.run(tf.compat.v1.global_variables_initializer())
     metadata = tf.compat.v1.RunMetadata()
-    session.run(fetch, options=tf.compat.v1.RunOptions(
-        trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+    session.run(fetch, options=peak.traced_run_options(),
                 run_metadata=metadata)
   return metadata
 

@@ -4,7 +4,6 @@ import threading
 
 from absl.testing import parameterized
 import numpy as np
-import pytest
 import tensorflow as tf
 from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import tensor_conversion_registry
@@ -551,11 +550,8 @@ class WeightCopiesTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(y.op.get_attr('_gradient_op_type'), b'Identity')
 
 
-@pytest.mark.serial
 class WeightCopiesPeakTest(tf.test.TestCase):
-  """The measured side of WeightCopiesTest: a step's live-tensor peak, alone
-  in the serial part of `make test`; the rest of that class runs in the
-  parallel part."""
+  """The measured side of WeightCopiesTest: a step's live-tensor peak."""
 
   def setUp(self):
     super().setUp()
@@ -586,15 +582,13 @@ class WeightCopiesPeakTest(tf.test.TestCase):
         loss = tf.reduce_sum(tf.cast(net, tf.float32))
         train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
             loss)
-        # One op at a time, as the benchmark measures memory: which ready
-        # op runs first then does not depend on the machine's load.
-        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
-        with self.session(config=config) as sess:
+        with self.session() as sess:
           sess.run(tf.compat.v1.global_variables_initializer())
           sess.run(train)
           metadata = tf.compat.v1.RunMetadata()
-          sess.run(train, options=tf.compat.v1.RunOptions(
-              trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+          # One op at a time, as the package measures memory: which ready
+          # op runs first then does not depend on the machine's load.
+          sess.run(train, options=peak_memory.traced_run_options(),
                    run_metadata=metadata)
       return peak_memory.live_tensor_peak(metadata)
 

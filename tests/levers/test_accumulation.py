@@ -16,7 +16,6 @@ from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -484,7 +483,6 @@ class RecomputeTest(_Training):
                           msg=name)
 
 
-@pytest.mark.serial
 class PeakMemoryTest(tf.test.TestCase):
   """The allocator's peak of an update made of micro-batches."""
 

@@ -4,7 +4,6 @@ import functools
 
 from absl.testing import parameterized
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -304,7 +303,6 @@ class StructureTest(tf.test.TestCase):
     self.assertNotIn('RandomUniform', read)
 
 
-@pytest.mark.serial
 class PeakMemoryTest(tf.test.TestCase, parameterized.TestCase):
 
   def _peak_and_ops(self, build, use_recompute):
@@ -325,9 +323,7 @@ class PeakMemoryTest(tf.test.TestCase, parameterized.TestCase):
       session.run(init)
       session.run(train_op)  # warm-up
       metadata = tf.compat.v1.RunMetadata()
-      session.run(train_op,
-                  options=tf.compat.v1.RunOptions(
-                      trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+      session.run(train_op, options=peak_memory.traced_run_options(),
                   run_metadata=metadata)
     return (peak_memory.peak_bytes_from_run_metadata(metadata),
             len(graph.get_operations()))

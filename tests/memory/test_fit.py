@@ -608,15 +608,10 @@ def _measured(stderr, name):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 class RunFitCommandTest(tf.test.TestCase, parameterized.TestCase):
   """`run --fit` on models/mnist_tpu.py at batch 1024 and the bert-style
   TF 1.x program: the budget is 60% of the step's measured bfloat16 peak.
 
-  Each command runs in a process of its own: a process's first session
-  sizes the inter-op thread pool every later session shares, and with it
-  the executor's order and the step's peak (run in the test process after
-  other tests, the mnist step measured 76 MiB, not 85).
   Four steps: `--memory` traces the 4th session run of a train call.
   """
 

@@ -425,11 +425,18 @@ _LEVER_CASES = (('plain', 1, False, 16), ('accumulate', 4, False, 16),
                 ('recompute', 1, True, 16), ('both', 4, True, 32))
 
 
-class _MeasuredPeakChecks:
+# The traced step runs one op at a time (memory.peak.traced_run_options),
+# so its order, and with it the peak, does not follow the machine's load.
+@pytest.mark.slow
+class MeasuredPeakTest(parameterized.TestCase):
   """The plan against the same training step run on this CPU."""
 
-  def check_close_to_the_live_tensor_peak(self, precision, steps, recompute,
-                                          batch):
+  @parameterized.named_parameters(
+      (precision + '_' + name, precision, steps, recompute, batch)
+      for precision in ('float32', 'bfloat16')
+      for name, steps, recompute, batch in _LEVER_CASES)
+  def test_close_to_the_live_tensor_peak(self, precision, steps, recompute,
+                                         batch):
     if not peak_memory.allocator_stats_enabled():
       self.skipTest('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
                     'loads')
@@ -452,35 +459,6 @@ class _MeasuredPeakChecks:
     if recompute:
       plain = _bert_style_plan(precision, steps, False)
       self.assertLess(estimate, plain.step_bytes(batch, upcast=emulated))
-
-
-# Not `serial`: while two other processes kept both cores busy, five runs
-# of these cases moved their relative errors by at most 2.1 points (of the
-# 10% tolerance; worst error 2.1%), with native and with emulated bfloat16
-# kernels (TF_ENABLE_ONEDNN_OPTS=0) alike; and by 2.5 points (worst -3.1%)
-# where a default session came first, as in a pytest worker: a process's
-# first session sizes the inter-op pool all later ones share, so the ops
-# of `graphs.memory_session_config` need not run one at a time.
-@pytest.mark.slow
-class MeasuredPeakFloat32Test(_MeasuredPeakChecks, parameterized.TestCase):
-
-  @parameterized.named_parameters(*_LEVER_CASES)
-  def test_close_to_the_live_tensor_peak(self, steps, recompute, batch):
-    self.check_close_to_the_live_tensor_peak('float32', steps, recompute,
-                                             batch)
-
-
-# `serial`: under the same load, with emulated bfloat16 kernels the
-# recompute case's peak moved by 7.3 points (52.7 to 56.7 MiB), more than
-# a third of its 15% tolerance; the other cases moved by 2 points at most.
-@pytest.mark.slow
-@pytest.mark.serial
-class MeasuredPeakBfloat16Test(_MeasuredPeakChecks, parameterized.TestCase):
-
-  @parameterized.named_parameters(*_LEVER_CASES)
-  def test_close_to_the_live_tensor_peak(self, steps, recompute, batch):
-    self.check_close_to_the_live_tensor_peak('bfloat16', steps, recompute,
-                                             batch)
 
 
 if __name__ == '__main__':
