@@ -28,6 +28,7 @@ from google.protobuf import text_format
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python import tf2
 
 import estimator_bf16 as eb
 from estimator_bf16.apps import cli
@@ -118,9 +119,18 @@ def _cli_in_this_process():
   def main(*args):
     out, err = io.StringIO(), io.StringIO()
     del records.messages[:]
-    with mock.patch.dict(os.environ), contextlib.redirect_stdout(out), \
-        contextlib.redirect_stderr(err):
-      code = cli.main(list(args))
+    v2_behavior = tf2.enabled()
+    try:
+      with mock.patch.dict(os.environ), contextlib.redirect_stdout(out), \
+          contextlib.redirect_stderr(err):
+        code = cli.main(list(args))
+    finally:
+      # A TF 1.x program may call tf.disable_v2_behavior() (mnist_tpu.py
+      # does): harmless in its own process, it would leave this one with
+      # graph mode, reference variables and v1 control flow for every later
+      # test (Keras then names its accuracy 'acc').
+      if v2_behavior and not tf2.enabled():
+        tf.compat.v1.enable_v2_behavior()
     return code, out.getvalue(), err.getvalue(), main.logs()
 
   # What TensorFlow logged since the last call of `main`, for code that
