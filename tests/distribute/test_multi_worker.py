@@ -68,25 +68,21 @@ _ACCURACY_TOLERANCE = 0.03
 # (compat/step_deadline.py) ends it after three timeouts plus four of its
 # slowest steps (a step with the hooks after it, checkpoint saves included:
 # well under a second each here).
-# The tests wait out this timeout, so it is short. It only bounds the wait
-# between two collectives once training runs: a job that starts afresh
-# first meets in the broadcast of the chief's initial values, which has no
-# timeout (collective_all_reduce_strategy's broadcast_send/recv), so slow
-# imports and graph builds are not timed; between steps the tasks only
-# differ by a checkpoint save of the 400k-parameter MLP (well under a
-# second here, a few seconds on a slow, loaded machine).
-_WORKER_TIMEOUT_SECS = 10
-# HungWorkerTest waits this timeout out (up to three of them, when the
-# backstop has to end the chief), and half of the above is still safe
-# before its signal: after the broadcast both tasks do the same work, the
-# worker saving its checkpoints too (into a scratch directory), and with
-# --verbose the two tasks finished their local init, their step-0 save and
-# their save at step 25 about 0.1 s apart on this machine under
-# load, with TensorFlow 2.15 and 2.21 alike; 0.5 s on a machine 4.33x
-# slower leaves 10x for its load. The killed and preempted jobs keep the
-# longer timeout: they do not wait it out unless a kill hits between two
-# transfers, so it costs them nothing.
-_HUNG_TIMEOUT_SECS = 5
+# The tests wait out this timeout (the killed job when the kill lands
+# between two transfers, the hung one always, up to three of them when
+# the backstop has to end the chief), so it is short. It only bounds the
+# wait between two collectives once training runs: a job that starts
+# afresh first meets in the broadcast of the chief's initial values, which
+# has no timeout (collective_all_reduce_strategy's broadcast_send/recv), so
+# slow imports and graph builds are not timed. After the broadcast both
+# tasks do the same work, the worker saving its checkpoints too (into a
+# scratch directory): with --verbose the two tasks finished their local
+# init, their step-0 save and their save at step 25 about 0.1 s apart on
+# this machine under load, with TensorFlow 2.15 and 2.21 alike; 0.5 s on a
+# machine 4.33x slower leaves 10x for its load. (At 10 s, a killed job
+# whose chief waited out its backstop took 31 s to stop, against 1 s when
+# the chief saw the connection reset.)
+_WORKER_TIMEOUT_SECS = 5
 # A resumed job has no such broadcast: every task restores the checkpoint,
 # and its first all-reduce waits for the slowest task to import
 # TensorFlow, build its graph and restore (5 s apart on this machine under
@@ -460,7 +456,7 @@ class HungWorkerTest(tf.test.TestCase):
     # stops the hung worker at once (no grace: it cannot stop on its own),
     # after a short SIGKILL delay (see _SHORT_KILL_AFTER_SECS).
     model_dir = os.path.join(self.get_temp_dir(), 'hung')
-    command = _command(model_dir, timeout=_HUNG_TIMEOUT_SECS, extra=[
+    command = _command(model_dir, extra=[
         '--save_checkpoints_steps=%d' % _SAVE_STEPS])
     grace_secs = 0
     with mock.patch.object(launch, '_KILL_AFTER_SECS',
@@ -488,13 +484,14 @@ class HungWorkerTest(tf.test.TestCase):
         '[chief:0] error: Task chief:0 stopped: worker:0 did not answer '
         '(DeadlineExceededError')]
     if timed_out:
-      named, bound = min(timed_out), _report_bound_secs(_HUNG_TIMEOUT_SECS)
+      named = min(timed_out)
+      bound = _report_bound_secs(_WORKER_TIMEOUT_SECS)
     else:
       named = seconds_until('[chief:0] error: Task chief:0 stopped: no '
                             'training step, hooks included, finished in')
       self.assertIn('worker:0 is hung or unreachable', tail)
-      bound = _backstop_bound_secs(_HUNG_TIMEOUT_SECS)
-    self.assertGreater(named, _HUNG_TIMEOUT_SECS - 1, tail)
+      bound = _backstop_bound_secs(_WORKER_TIMEOUT_SECS)
+    self.assertGreater(named, _WORKER_TIMEOUT_SECS - 1, tail)
     self.assertLess(named, bound, tail)
     # Once the chief has exited, the launcher stops the hung worker within
     # its grace plus the SIGKILL delay (a stopped process ignores SIGTERM).
