@@ -120,17 +120,18 @@ def _cli_in_this_process():
     out, err = io.StringIO(), io.StringIO()
     del records.messages[:]
     v2_behavior = tf2.enabled()
-    try:
-      with mock.patch.dict(os.environ), contextlib.redirect_stdout(out), \
-          contextlib.redirect_stderr(err):
-        code = cli.main(list(args))
-    finally:
-      # A TF 1.x program may call tf.disable_v2_behavior() (mnist_tpu.py
-      # does): harmless in its own process, it would leave this one with
-      # graph mode, reference variables and v1 control flow for every later
-      # test (Keras then names its accuracy 'acc').
-      if v2_behavior and not tf2.enabled():
-        tf.compat.v1.enable_v2_behavior()
+    with mock.patch.dict(os.environ), contextlib.redirect_stdout(out), \
+        contextlib.redirect_stderr(err):
+      code = cli.main(list(args))
+    # A TF 1.x program may call tf.disable_v2_behavior() (mnist_tpu.py
+    # does): harmless in its own process, it leaves this one with graph
+    # mode, reference variables and v1 control flow for every later test
+    # (Keras then names its accuracy 'acc'), and eager execution cannot be
+    # turned back on once a graph was made. Such a program needs `_cli`.
+    if v2_behavior and not tf2.enabled():
+      raise AssertionError('%s disabled TF2 behaviour in the test process; '
+                           'run it with _cli, in a process of its own.' %
+                           ' '.join(args))
     return code, out.getvalue(), err.getvalue(), main.logs()
 
   # What TensorFlow logged since the last call of `main`, for code that
