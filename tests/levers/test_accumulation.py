@@ -535,7 +535,7 @@ class CommandsTest(tf.test.TestCase):
 
   def test_run_accumulate_ends_at_the_requested_step(self):
     model_dir = self.create_tempdir().full_path
-    proc = test_runner._cli(  # pylint: disable=protected-access
+    proc = test_runner._cli_here(  # pylint: disable=protected-access
         'run', '--accumulate=4', 'tests/support/legacy_tpu_main.py',
         '--use_tpu=false', '--train_steps=6', '--eval_steps=1',
         '--model_dir=' + model_dir)
@@ -549,7 +549,7 @@ class CommandsTest(tf.test.TestCase):
     # A TF 1.x TPUEstimator program at batch 32, small enough that its plan
     # costs a second (tests/memory/test_fit.py).
     program, model_dir = test_fit._text_program(self)  # pylint: disable=protected-access
-    proc = test_runner._cli(  # pylint: disable=protected-access
+    proc = test_runner._cli_here(  # pylint: disable=protected-access
         'check', '--accumulate=4', '--recompute', program, model_dir)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn('memory levers: gradient accumulation K=4 (train_batch_size '

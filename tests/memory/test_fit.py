@@ -434,12 +434,14 @@ _TEXT_PROGRAM = textwrap.dedent('''\
 
 
 def _cli(*args):
-  return test_runner._cli(*args)  # pylint: disable=protected-access
+  """The command in this process: its report and exit code are the point."""
+  return test_runner._cli_here(*args)  # pylint: disable=protected-access
 
 
 def _cli_process(*args):
-  """`_cli` with the in-process call's result: (code, stdout, stderr, '')."""
-  proc = _cli(*args)
+  """The command in a process of its own, with the in-process call's
+  result: (code, stdout, stderr, '')."""
+  proc = test_runner._cli(*args)  # pylint: disable=protected-access
   return proc.returncode, proc.stdout, proc.stderr, ''
 
 

@@ -145,6 +145,17 @@ def _cli_in_this_process():
     os.chdir(cwd)
 
 
+def _cli_here(*args):
+  """`_cli`'s command in this process (`_cli_in_this_process`), where the
+  process is not what a test is about: a `subprocess.CompletedProcess`
+  with the command's stdout and stderr (TensorFlow's log lines, which the
+  command hides, are not in it)."""
+  with _cli_in_this_process() as main:
+    code, out, err, _ = main(*args)
+  return subprocess.CompletedProcess(['estimator_bf16'] + list(args), code,
+                                     out, err)
+
+
 @_SCRATCH.cached
 def _run_legacy_program(precision):
   """Runs the acceptance program once per precision; returns (proc, dirs)."""

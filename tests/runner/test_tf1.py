@@ -89,7 +89,7 @@ def _run(program, precision):
   """Runs a TF 1.x program once per precision; returns (proc, model_dir)."""
   model_dir = os.path.join(_SCRATCH.root, '%s_%s' % (_name(program),
                                                     precision))
-  proc = test_runner._cli(  # pylint: disable=protected-access
+  proc = test_runner._cli_here(  # pylint: disable=protected-access
       'run', '--precision=' + precision, '--memory', program,
       *_args(program, precision, model_dir))
   return proc, model_dir
