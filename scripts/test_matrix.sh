@@ -124,8 +124,8 @@ TF_LATEST_DESELECT=(
   # What --fit decides from a plan (nothing fits, model-parallel advice, a
   # TPU core's budget, no static batch) is the same code on every
   # TensorFlow; here a plan of this TensorFlow's graph is chosen from
-  # (test_the_choice_and_its_json_agree), trained with (RunFitChoiceCommandTest's
-  # float32 case and RunFitCommandTest) and refused by `run`.
+  # (test_the_choice_and_its_json_agree), trained with
+  # (RunFitChoiceCommandTest's float32 case) and refused by `run`.
   tests/memory/test_fit.py::CheckFitCommandTest::test_an_impossible_budget_exits_1_with_model_parallel_advice
   tests/memory/test_fit.py::CheckFitCommandTest::test_a_plan_that_cannot_be_made_fails_the_fit0
   tests/memory/test_fit.py::CheckFitOnTpuCommandTest
