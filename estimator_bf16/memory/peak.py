@@ -131,8 +131,8 @@ def traced_run_options():
   which ready op runs first follows kernel times and the machine's load,
   and so does which tensors are alive together: a BERT-style step's peak
   read 50.2 MiB on an idle machine and 52.2 MiB with both cores busy, and
-  run inline 49.8 MiB on both. The inline order is also the kind of order the planner
-  simulates and a TPU's compiler schedules: one op at a time.
+  run inline 49.8 MiB on both. One op at a time is also how the planner
+  simulates a step and how a TPU's compiler schedules one.
 
   Returns:
     a new `tf.compat.v1.RunOptions`.
