@@ -438,13 +438,6 @@ def _cli(*args):
   return test_runner._cli_here(*args)  # pylint: disable=protected-access
 
 
-def _cli_process(*args):
-  """The command in a process of its own, with the in-process call's
-  result: (code, stdout, stderr, '')."""
-  proc = test_runner._cli(*args)  # pylint: disable=protected-access
-  return proc.returncode, proc.stdout, proc.stderr, ''
-
-
 def _text_program(test):
   """Writes _TEXT_PROGRAM to a temporary folder: (program, model_dir)."""
   folder = test.create_tempdir().full_path
@@ -646,19 +639,18 @@ class RunFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     # the point, not their process, and the measured step runs one op at a
     # time whatever ran here before (memory.peak.traced_run_options).
     # mnist_tpu.py calls tf.disable_v2_behavior(), so it gets processes.
-    with test_runner._cli_in_this_process() as main:  # pylint: disable=protected-access
-      if name == 'mnist':
-        main = _cli_process
-      code, _, plain, _ = main('run', '--memory', *program)
-      self.assertEqual(code, 0, plain[-3000:])
-      plain_mib = _measured(plain, 'tensors')
-      self.assertIsNotNone(plain_mib, plain[-2000:])
-      budget = int(0.6 * plain_mib * MiB)
-      report = os.path.join(self.create_tempdir().full_path, 'fit.json')
-      program, _ = self._program(name, data_dir)
-      code, _, stderr, _ = main('run', '--fit', '--memory_budget=%d' % budget,
-                                '--seed=3', '--report=' + report, *program)
-    self.assertEqual(code, 0, stderr[-3000:])
+    cli = test_runner._cli if name == 'mnist' else _cli  # pylint: disable=protected-access
+    plain = cli('run', '--memory', *program)
+    self.assertEqual(plain.returncode, 0, plain.stderr[-3000:])
+    plain_mib = _measured(plain.stderr, 'tensors')
+    self.assertIsNotNone(plain_mib, plain.stderr[-2000:])
+    budget = int(0.6 * plain_mib * MiB)
+    report = os.path.join(self.create_tempdir().full_path, 'fit.json')
+    program, _ = self._program(name, data_dir)
+    proc = cli('run', '--fit', '--memory_budget=%d' % budget, '--seed=3',
+               '--report=' + report, *program)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    stderr = proc.stderr
     with open(report) as f:
       data = json.load(f)
     self.assertEqual(data['seed'], 3)  # --seed reaches the fitted run
