@@ -10,6 +10,7 @@ strategies, batches and TF_CONFIGs fail before any graph is built.
 import json
 import os
 import shutil
+import sys
 from unittest import mock
 
 from absl.testing import parameterized
@@ -237,6 +238,24 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(tf.float32, dtypes[name])
         self.assertAllClose(want[name], got[name], rtol=0,
                             atol=_TOLERANCE[precision], msg=name)
+
+  def test_model_fn_runs_as_written_in_each_replica(self):
+    # In graph mode the strategy would hand model_fn (and the package's
+    # wrappers around it) to autograph, which runs a rewritten copy from a
+    # generated file. It runs as written, as TPUEstimator and one device
+    # run it.
+    files = []
+
+    def recording_model_fn(features, labels, mode, params):
+      files.append(sys._getframe().f_code.co_filename)  # pylint: disable=protected-access
+      return model_fn(features, labels, mode, params)
+
+    estimator = eb.make_tpu_estimator(
+        recording_model_fn, model_dir=self.get_temp_dir(),
+        precision='bfloat16', train_batch_size=_GLOBAL_BATCH,
+        log_step_count_steps=None, distribute=_strategy(2), backend='compat')
+    estimator.train(eb.wrap_input_fn(input_fn, 'bfloat16'), max_steps=1)
+    self.assertEqual([__file__] * 2, files)
 
   def test_batch_not_divisible_by_replicas(self):
     with self.assertRaisesRegex(ValueError, 'train_batch_size=15 is not '
