@@ -107,11 +107,12 @@ TF_LATEST_DEFAULT=(
 )
 TF_LATEST_DESELECT=(
   tests/distribute/test_multi_worker.py::LaunchTest
-  # A killed worker is the launcher's to notice and the rerun's resume is
-  # the compat training loop's restore: the same code here. The hung
-  # worker, whose collective timeout and the error it raises are this
-  # TensorFlow's, runs here; test_distribute moves strategy checkpoints.
+  # A killed worker is the launcher's to notice and a resume is the compat
+  # training loop's restore: the same code here. The hung worker, whose
+  # collective timeout and the error it raises are this TensorFlow's, runs
+  # here; test_distribute moves strategy checkpoints.
   tests/distribute/test_multi_worker.py::KilledWorkerTest
+  tests/distribute/test_multi_worker.py::ResumeTest
   tests/platform/test_quiet.py::DescriptorFilterTest
   tests/memory/test_fit.py::RunFitCommandTest
   tests/compat/test_compat_backend.py::CrossVersionTest

@@ -2,23 +2,25 @@
 
 `python -m estimator_bf16.apps.launch --workers=2 -- python -m estimator_bf16.apps.train_cli
 --distribute=multi_worker ...` trains the MNIST MLP on the digits in
-bfloat16 with MultiWorkerMirroredStrategy to the accuracy of one process.
-Killing a worker mid-run stops the job within a bounded time, naming the
-lost task, and the same command (with a longer collective timeout) then
-resumes from the chief's last checkpoint to the final step, at the accuracy
-of one process.
+bfloat16 with MultiWorkerMirroredStrategy. Killing a worker mid-run stops
+the job within a bounded time, naming the lost task, and keeps the chief's
+last checkpoint; the same command (with a longer collective timeout) on a
+model_dir with a checkpoint resumes there and trains to the final step, at
+the accuracy of one process. A hung worker is named at the collective
+timeout, and a SIGTERM to the launcher keeps the chief's last step.
 
 Each training job costs seconds of process starts (TensorFlow imports,
-graph builds), so each job is run once: KilledWorkerTest runs the killed
-job, its rerun and the one-process reference once for its tests, and each
-class is its own unit for pytest-xdist (`--dist loadscope`), so the
-classes can run side by side.
+graph builds), so each job is run once, for the tests of its class; the
+launcher runs in a thread of the test process where its own process is
+not the point (`_Job`). The module's classes run one after another on one
+pytest-xdist worker (tests/conftest.py).
 """
 
 import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,16 +81,20 @@ _ACCURACY_TOLERANCE = 0.03
 # scratch directory): with --verbose the two tasks finished their local
 # init, their step-0 save and their save at step 25 about 0.1 s apart on
 # this machine under load, with TensorFlow 2.15 and 2.21 alike; 0.5 s on a
-# machine 4.33x slower leaves 10x for its load. (At 10 s, a killed job
+# machine 4.33x slower leaves 6x for its load. (At 10 s, a killed job
 # whose chief waited out its backstop took 31 s to stop, against 1 s when
-# the chief saw the connection reset.)
-_WORKER_TIMEOUT_SECS = 5
+# the chief saw the connection reset; the hung job took 12 s at 5 s when
+# its collective timed out, 17 s when the backstop ended it.)
+_WORKER_TIMEOUT_SECS = 3
 # A resumed job has no such broadcast: every task restores the checkpoint,
 # and its first all-reduce waits for the slowest task to import
 # TensorFlow, build its graph and restore (5 s apart on this machine under
 # load). The rerun, which only has to resume and finish, gets the
 # library's default timeout for that.
 _RESUME_TIMEOUT_SECS = 120
+# ResumeTest's job starts from a checkpoint of this step (of _STEPS), as a
+# job killed after its second periodic checkpoint would.
+_RESUME_FROM = 2 * _SAVE_STEPS
 
 
 def _report_bound_secs(timeout):
@@ -321,25 +327,35 @@ def _after(job, signalled_at):
   return job.ended_at - signalled_at, after
 
 
-class _Reference(object):
-  """The one-process run of the same training, in a thread of its own.
+def _train_here(model_dir, steps):
+  """One process's training of the jobs' model, in this process.
 
-  It trains while the two-worker jobs' tasks wait for each other or start
-  up (training.run sets no signal handlers outside the main thread).
+  Returns:
+    `training.run`'s result.
+  """
+  return training.run(training.TrainOptions(
+      model='mnist_mlp', model_dir=model_dir, precision='bfloat16',
+      train_steps=steps, train_batch_size=_BATCH, export=False,
+      save_checkpoints_steps=_SAVE_STEPS))
+
+
+class _Reference(object):
+  """`_train_here` in a thread of its own.
+
+  It trains while a two-worker job's tasks start up and wait for each
+  other (training.run sets no signal handlers outside the main thread).
   """
 
-  def __init__(self, model_dir):
-    self.eval = None
+  def __init__(self, model_dir, steps):
+    self.result = None
     self._error = None
-    self._thread = threading.Thread(target=self._run, args=(model_dir,),
-                                    daemon=True)
+    self._thread = threading.Thread(target=self._run,
+                                    args=(model_dir, steps), daemon=True)
     self._thread.start()
 
-  def _run(self, model_dir):
+  def _run(self, model_dir, steps):
     try:
-      self.eval = training.run(training.TrainOptions(
-          model='mnist_mlp', model_dir=model_dir, precision='bfloat16',
-          train_steps=_STEPS, train_batch_size=_BATCH, export=False))['eval']
+      self.result = _train_here(model_dir, steps)
     except BaseException as e:  # pylint: disable=broad-except
       self._error = e
 
@@ -349,49 +365,27 @@ class _Reference(object):
       raise self._error
     if self._thread.is_alive():
       raise AssertionError('the one-process run took over %d s' % timeout)
-    return self.eval
+    return self.result
 
 
 @pytest.mark.slow
 class KilledWorkerTest(tf.test.TestCase):
-  """One job whose worker is killed, then its rerun, once for all tests.
-
-  The rerun (with an evaluator) is also the two-worker run whose accuracy
-  is compared with one process's: it trains to the same final step. The
-  one-process reference trains in this process meanwhile, from the kill on
-  (the killed job's chief then only waits to notice the loss, and the
-  rerun's tasks spend much of their start waiting for each other).
-  """
+  """One job whose worker is killed after the chief's first periodic
+  checkpoint, run once for the class's tests."""
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    root = tempfile.mkdtemp(dir=_CACHE.root)
-    cls.model_dir = os.path.join(root, 'killed')
-    extra = ['--save_checkpoints_steps=%d' % _SAVE_STEPS]
-    killed = _Job(_command(cls.model_dir, extra=extra))
-    reference = None
+    cls.model_dir = os.path.join(tempfile.mkdtemp(dir=_CACHE.root), 'killed')
+    killed = _Job(_command(cls.model_dir, extra=[
+        '--save_checkpoints_steps=%d' % _SAVE_STEPS]))
     try:
       signalled_at = _signal_worker_after_first_checkpoint(
           killed, cls.model_dir, signal.SIGKILL)
-      reference = _Reference(os.path.join(root, 'one'))
       cls.stopped_after, cls.after = _after(killed, signalled_at)
     finally:
       killed.kill()
     cls.killed = killed
-    cls.saved = _step(cls.model_dir)
-    # The same command resumes it, with a longer collective timeout (see
-    # _RESUME_TIMEOUT_SECS); an evaluator evaluates its checkpoints.
-    rerun = _Job(_command(cls.model_dir, timeout=_RESUME_TIMEOUT_SECS,
-                          extra=extra), evaluator=True)
-    try:
-      if not rerun.wait(timeout=600):
-        raise AssertionError('the rerun took over 600 s:\n' +
-                             rerun.output()[-3000:])
-    finally:
-      rerun.kill()
-    cls.rerun = rerun
-    cls.single = reference.join()
 
   def test_killed_worker_stops_the_job_naming_it(self):
     output = self.killed.output()
@@ -413,13 +407,53 @@ class KilledWorkerTest(tf.test.TestCase):
     if reports:
       self.assertLess(min(self.after[line] for line in reports),
                       _report_bound_secs(_WORKER_TIMEOUT_SECS), tail)
-    # The job stopped after a periodic checkpoint and before the end.
-    self.assertBetween(self.saved, _SAVE_STEPS, _STEPS - 1)
 
-  def test_rerun_resumes_from_the_chiefs_last_checkpoint(self):
+  def test_the_chiefs_checkpoint_from_before_the_kill_is_kept(self):
+    # The job stopped after a periodic checkpoint and before the end; the
+    # checkpoint reads back (ResumeTest resumes from one).
+    self.assertBetween(_step(self.model_dir), _SAVE_STEPS, _STEPS - 1)
+
+
+@pytest.mark.slow
+class ResumeTest(tf.test.TestCase):
+  """The multi-worker command on a model_dir that holds a checkpoint of
+  step _RESUME_FROM: it resumes there, trains to the final step, and
+  reaches the accuracy of one process, which trains the same steps in
+  this process meanwhile (from the same checkpoint). The checkpoint is one
+  process's: a two-worker job would cost another start of its tasks (a
+  killed job's chief writes its checkpoints the same way:
+  KilledWorkerTest)."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    root = tempfile.mkdtemp(dir=_CACHE.root)
+    cls.single_dir = os.path.join(root, 'one')
+    cls.model_dir = os.path.join(root, 'two')
+    _train_here(cls.single_dir, _RESUME_FROM)
+    shutil.copytree(cls.single_dir, cls.model_dir)
+    # The copy's checkpoint state names its own checkpoint.
+    tf.compat.v1.train.update_checkpoint_state(
+        cls.model_dir, os.path.basename(
+            tf.train.latest_checkpoint(cls.single_dir)))
+    reference = _Reference(cls.single_dir, _STEPS)
+    # The resumed job's first all-reduce waits for its slowest task's start
+    # (see _RESUME_TIMEOUT_SECS).
+    rerun = _Job(_command(cls.model_dir, timeout=_RESUME_TIMEOUT_SECS,
+                          extra=['--save_checkpoints_steps=%d' % _SAVE_STEPS]))
+    try:
+      if not rerun.wait(timeout=600):
+        raise AssertionError('the rerun took over 600 s:\n' +
+                             rerun.output()[-3000:])
+    finally:
+      rerun.kill()
+    cls.rerun = rerun
+    cls.single = reference.join()['eval']
+
+  def test_resumes_from_the_checkpoint_to_the_final_step(self):
     output = self.rerun.output()
     self.assertEqual(0, self.rerun.status, output[-3000:])
-    self.assertIn('[launch] all 3 tasks finished.', output)
+    self.assertIn('[launch] all 2 tasks finished.', output)
     # Each task ran in its own process with its own TF_CONFIG task.
     self.assertIn('2 replicas, task chief:0', output)
     self.assertIn('2 replicas, task worker:0', output)
@@ -427,24 +461,37 @@ class KilledWorkerTest(tf.test.TestCase):
     # reads the global step once the session has restored it).
     for task in ('chief:0', 'worker:0'):
       self.assertRegex(output, r'\[%s\] .*\] resuming at step %d of %d' % (
-          task, self.saved, _STEPS))
+          task, _RESUME_FROM, _STEPS))
     self.assertEqual(_STEPS, _step(self.model_dir))
     self.assertEqual(_STEPS, _chief_result(output)['eval']['global_step'])
 
-  def test_evaluator_evaluates_the_rerun_to_its_last_checkpoint(self):
-    # The evaluator evaluated checkpoints as they came (it may skip one
-    # that a newer one replaced before it looked), the last one included.
-    output = self.rerun.output()
-    self.assertTrue(os.path.isdir(os.path.join(self.model_dir,
-                                               'eval_evaluator')))
-    self.assertEqual(_STEPS, _chief_result(output, 'evaluator:0')['eval'][
-        'global_step'])
-
-  def test_rerun_reaches_the_accuracy_of_one_process(self):
+  def test_reaches_the_accuracy_of_one_process(self):
     two = _chief_result(self.rerun.output())['eval']
     self.assertGreater(self.single['accuracy'], 0.9)
     self.assertNear(self.single['accuracy'], two['accuracy'],
                     _ACCURACY_TOLERANCE)
+
+  def test_evaluator_task_evaluates_the_last_checkpoint(self):
+    # The evaluator task of the same command (`launch --evaluator` gives it
+    # this TF_CONFIG: LaunchTest) trains nothing: it evaluates the
+    # checkpoints in model_dir up to --train_steps. It needs no peer, so
+    # it runs here, on the one-process run's finished model_dir.
+    tf_config = json.dumps({
+        'cluster': {'chief': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2'],
+                    'evaluator': ['127.0.0.1:3']},
+        'task': {'type': 'evaluator', 'index': 0}})
+    with mock.patch.dict(os.environ, {'TF_CONFIG': tf_config}):
+      result = training.run(training.TrainOptions(
+          model='mnist_mlp', model_dir=self.single_dir,
+          precision='bfloat16', train_steps=_STEPS,
+          train_batch_size=_BATCH, export=False,
+          distribute='multi_worker'))
+    self.assertEqual(_STEPS, result['eval']['global_step'])
+    self.assertEqual([_STEPS], result['evaluated_steps'])
+    self.assertNear(self.single['accuracy'], result['eval']['accuracy'],
+                    1e-6)
+    self.assertTrue(os.path.isdir(os.path.join(self.single_dir,
+                                               'eval_evaluator')))
 
 
 @pytest.mark.slow
