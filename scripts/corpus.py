@@ -33,6 +33,7 @@ counts as not runnable, not as a failure of bfloat16.
 """
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import math
@@ -476,7 +477,8 @@ def _run_in(scratch, row, recipe, tree, python, max_seconds, log,
         tree, '<repository>')
     return outcome
 
-  for precision in policy.PRECISIONS:
+  def run_in(precision):
+    """`run --precision=PRECISION` into the row's field of that name."""
     outcome = run_one_here(python, ['run', '--seed=%d' % _SEED,
                                     '--precision=' + precision], program,
                            flags_for(precision), cwd, env,
@@ -486,27 +488,34 @@ def _run_in(scratch, row, recipe, tree, python, max_seconds, log,
     log('%s %s TF %s %s: %s (%.0f s)' % (row.commit, row.program,
                                          row.tensorflow, precision,
                                          outcome.short(), outcome.seconds))
-    if precision == 'float32' and not outcome.ok:
-      return
-  if row.bfloat16.ok and _last_evaluation(row.float32.report):
-    # The float32 run's checkpoint, evaluated in bfloat16: the program
-    # finds its steps done and evaluates (or, with the recipe's
-    # `eval_flags`, runs its evaluation mode). Two fresh runs differ by
-    # more than the precision: TF 1.x's op seeds shift with the casts, so
-    # they start from other weights (README, Known limits).
-    shutil.copytree(os.path.join(scratch, 'float32'),
-                    os.path.join(scratch, 'same_weights'))
-    eval_flags = [f for f in recipe.eval_flags
-                  if _flag_name(f) in flags_known]
-    row.same_weights = run_one_here(
-        python, ['run', '--seed=%d' % _SEED, '--precision=bfloat16'], program,
-        flags_for('same_weights') + eval_flags, cwd, env,
-        os.path.join(scratch, 'same_weights.json'), max_seconds)
-    log('%s %s TF %s bfloat16 on the float32 checkpoint: %s' % (
-        row.commit, row.program, row.tensorflow, row.same_weights.short()))
-  checked = run_one_here(python, ['check'], program, flags_for('check'), cwd,
-                         env, os.path.join(scratch, 'check.json'),
-                         max_seconds)
+
+  run_in('float32')
+  if not row.float32.ok:
+    return
+  # `check` reads no run's output: it runs beside the bfloat16 runs (a
+  # corpus row then costs three process times, not four, on two cores).
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    checking = pool.submit(run_one_here, python, ['check'], program,
+                           flags_for('check'), cwd, env,
+                           os.path.join(scratch, 'check.json'), max_seconds)
+    run_in('bfloat16')
+    if row.bfloat16.ok and _last_evaluation(row.float32.report):
+      # The float32 run's checkpoint, evaluated in bfloat16: the program
+      # finds its steps done and evaluates (or, with the recipe's
+      # `eval_flags`, runs its evaluation mode). Two fresh runs differ by
+      # more than the precision: TF 1.x's op seeds shift with the casts,
+      # so they start from other weights (README, Known limits).
+      shutil.copytree(os.path.join(scratch, 'float32'),
+                      os.path.join(scratch, 'same_weights'))
+      eval_flags = [f for f in recipe.eval_flags
+                    if _flag_name(f) in flags_known]
+      row.same_weights = run_one_here(
+          python, ['run', '--seed=%d' % _SEED, '--precision=bfloat16'],
+          program, flags_for('same_weights') + eval_flags, cwd, env,
+          os.path.join(scratch, 'same_weights.json'), max_seconds)
+      log('%s %s TF %s bfloat16 on the float32 checkpoint: %s' % (
+          row.commit, row.program, row.tensorflow, row.same_weights.short()))
+    checked = checking.result()
   report = checked.report or {}
   if report.get('plan_made'):
     row.plan = 'OK'
