@@ -142,19 +142,19 @@ def _task_env():
   return dict(os.environ, PYTHONPATH=_REPO, TMPDIR=_CACHE.root)
 
 
-def _launch(command, workers=2, evaluator=False, grace_secs=_GRACE_SECS):
+def _launch(command, workers=2, grace_secs=_GRACE_SECS):
   """Starts the launcher's command line; returns the Popen (merged output)."""
   return subprocess.Popen(
       [sys.executable, '-m', 'estimator_bf16.apps.launch',
-       '--workers=%d' % workers, '--evaluator=%s' % evaluator,
+       '--workers=%d' % workers,
        '--grace_secs=%d' % grace_secs, '--'] + command,
       cwd=_REPO, env=_task_env(), stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True)
 
 
-def _chief_result(output, task='chief:0'):
-  """The JSON a task printed at the end (lines prefixed with the task)."""
-  prefix = '[%s] ' % task
+def _chief_result(output):
+  """The JSON the chief printed at the end (lines prefixed with its task)."""
+  prefix = '[chief:0] '
   lines = [line[len(prefix):] for line in output.splitlines()
            if line.startswith(prefix)]
   start = max(i for i, line in enumerate(lines) if line == '{')
@@ -225,15 +225,14 @@ class _Job(object):
     ended_at: time.monotonic() when `launch.run` returned.
   """
 
-  def __init__(self, command, workers=2, evaluator=False,
-               grace_secs=_GRACE_SECS):
+  def __init__(self, command, workers=2, grace_secs=_GRACE_SECS):
     self.lines = []
     self.arrivals = []
     self.status = None
     self.ended_at = None
     self._error = None
     self._thread = threading.Thread(
-        target=self._run, args=(command, workers, evaluator, grace_secs),
+        target=self._run, args=(command, workers, grace_secs),
         daemon=True)
     self._thread.start()
 
@@ -244,9 +243,9 @@ class _Job(object):
   def flush(self):
     pass
 
-  def _run(self, command, workers, evaluator, grace_secs):
+  def _run(self, command, workers, grace_secs):
     try:
-      self.status = launch.run(command, workers, evaluator=evaluator,
+      self.status = launch.run(command, workers,
                                grace_secs=grace_secs, out=self,
                                env=_task_env())
     except BaseException as e:  # pylint: disable=broad-except
