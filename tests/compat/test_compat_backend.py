@@ -604,21 +604,39 @@ class CrossVersionTest(tf.test.TestCase):
                     'scripts/test_matrix.sh to create both)')
     work_dir = self.create_tempdir().full_path
     start = _protocol_start()
-    ours = {p: _protocol_run(eb.BACKEND, p) for p in eb.PRECISIONS}
     theirs_dir = os.path.join(work_dir, 'other')
     out = os.path.join(work_dir, 'other.json')
-    handoff = {p: {'model_dir': r['model_dir'], 'export_dir': r['export_dir']}
-               for p, r in ours.items()}
+    handoff_path = os.path.join(work_dir, 'ours.json')
     env = dict(os.environ, PYTHONPATH=REPO)
     env.pop('ESTIMATOR_BF16_OTHER_PYTHON', None)
     # On TF 2.16+, tf.compat.v1.layers must then come from install() alone.
     env.pop('TF_USE_LEGACY_KERAS', None)
-    result = subprocess.run(
-        [python, '-m', 'tests.support.compat_protocol', '--start_dir', start,
-         '--work_dir', theirs_dir, '--theirs', json.dumps(handoff),
-         '--out', out], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=900, check=False)
-    self.assertEqual(result.returncode, 0, result.stderr[-5000:])
+    # The other TensorFlow starts (imports, trains its own half) while this
+    # one trains; it waits for the handoff file before it continues ours.
+    # Its log goes to a file: a pipe nobody reads while this process trains
+    # could fill up and stop it.
+    log_path = os.path.join(work_dir, 'other.log')
+    with open(log_path, 'w') as log:
+      process = subprocess.Popen(
+          [python, '-m', 'tests.support.compat_protocol', '--start_dir',
+           start, '--work_dir', theirs_dir, '--theirs', handoff_path,
+           '--out', out], cwd=REPO, env=env, stdout=log,
+          stderr=subprocess.STDOUT)
+    try:
+      ours = {p: _protocol_run(eb.BACKEND, p) for p in eb.PRECISIONS}
+      handoff = {p: {'model_dir': r['model_dir'],
+                     'export_dir': r['export_dir']} for p, r in ours.items()}
+      # Written whole, then renamed: the other process never reads a part.
+      with open(handoff_path + '.part', 'w') as f:
+        json.dump(handoff, f)
+      os.replace(handoff_path + '.part', handoff_path)
+      process.wait(timeout=900)
+    finally:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+    with open(log_path) as f:
+      self.assertEqual(process.returncode, 0, f.read()[-5000:])
     with open(out) as f:
       theirs = json.load(f)
     self.assertNotEqual(theirs['tf_version'][:4], tf.__version__[:4])

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -163,24 +164,41 @@ def continue_training(backend, precision, source_dir, work_dir):
                          for k in before)}
 
 
+def _wait_for_json(path, timeout_secs):
+  """The JSON in `path`, once it is there (the caller writes it whole)."""
+  deadline = time.monotonic() + timeout_secs
+  while not os.path.exists(path):
+    if time.monotonic() > deadline:
+      raise SystemExit('%s did not appear within %d s' % (path, timeout_secs))
+    time.sleep(0.05)
+  with open(path) as f:
+    return json.load(f)
+
+
 def main(argv=None):
   """The other TensorFlow's half of a cross-version test; writes JSON.
 
-  For each precision: `run` from --start_dir, `continue_training` from the
-  caller's model_dir, and `serve` the caller's export.
+  For each precision: `run` from --start_dir; then, once the caller has
+  written --theirs (it trains its own half meanwhile), `continue_training`
+  from the caller's model_dir and `serve` the caller's export.
   """
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--start_dir', required=True)
   parser.add_argument('--work_dir', required=True)
   parser.add_argument('--theirs', required=True,
-                      help='JSON {precision: {"model_dir", "export_dir"}}')
+                      help='path of a JSON file {precision: {"model_dir", '
+                      '"export_dir"}}, waited for')
   parser.add_argument('--out', required=True)
+  parser.add_argument('--wait_secs', type=int, default=600)
   args = parser.parse_args(argv)
   backend = eb.BACKEND
+  runs = {precision: run(backend, precision, args.start_dir, args.work_dir)
+          for precision in eb.PRECISIONS}
   results = {'tf_version': tf.__version__, 'backend': backend}
-  for precision, theirs in json.loads(args.theirs).items():
+  for precision, theirs in _wait_for_json(args.theirs,
+                                          args.wait_secs).items():
     results[precision] = {
-        'run': run(backend, precision, args.start_dir, args.work_dir),
+        'run': runs[precision],
         'continued': continue_training(backend, precision,
                                        theirs['model_dir'], args.work_dir),
         'served': serve(theirs['export_dir']).tolist(),
