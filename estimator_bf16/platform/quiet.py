@@ -273,9 +273,15 @@ def _hide_deprecation_notices():
   # Imported here: this module is loaded before TensorFlow (module doc).
   # pylint: disable=g-import-not-at-top,protected-access
   from tensorflow.python.util import deprecation
+  from tensorflow.python.util import module_wrapper
   undo = [(deprecation, '_PRINT_DEPRECATION_WARNINGS',
-           deprecation._PRINT_DEPRECATION_WARNINGS)]
+           deprecation._PRINT_DEPRECATION_WARNINGS),
+          (module_wrapper, '_PER_MODULE_WARNING_LIMIT',
+           module_wrapper._PER_MODULE_WARNING_LIMIT)]
   deprecation._PRINT_DEPRECATION_WARNINGS = False
+  # The API modules' own notice ("The name tf.estimator.tpu.TPUConfig is
+  # deprecated", one per module) has a switch of its own: its count.
+  module_wrapper._PER_MODULE_WARNING_LIMIT = 0
   # pylint: enable=g-import-not-at-top,protected-access
   return undo
 

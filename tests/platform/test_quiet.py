@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import types
 from unittest import mock
 
 from absl.testing import parameterized
@@ -236,6 +237,30 @@ class DeprecationNoticesTest(tf.test.TestCase):
         self.assertFalse(self._printing())
         raise KeyError('boom')
     self.assertEqual(self._printing(), before)
+
+  def test_the_api_modules_renamed_names_are_hidden_too(self):
+    # TensorFlow's API modules print "The name tf.X is deprecated. Please
+    # use tf.compat.v1.X instead." once per module, by a switch of their
+    # own (e.g. tf.estimator.tpu.TPUConfig, read by make_tpu_estimator on
+    # TensorFlow 2.15). Each module below is fresh, so each could print its
+    # notice; tf.Session has a rename on every TensorFlow version.
+    from tensorflow.python.util import module_wrapper  # pylint: disable=g-import-not-at-top
+
+    def fresh_module():
+      module = types.ModuleType('tensorflow')
+      module.Session = type('Session', (), {})
+      return module_wrapper.TFModuleWrapper(module, '')
+
+    def notices(argv):
+      with mock.patch.object(module_wrapper.logging, 'warning') as warning:
+        with quiet.deprecation_notices_hidden(argv):
+          fresh_module().Session  # pylint: disable=expression-not-assigned
+      return [call.args[2] for call in warning.call_args_list]
+
+    self.assertEqual(notices(['python', 'train.py']), ['tf.Session'])
+    self.assertEqual(
+        notices(['python', '-m', 'estimator_bf16', 'run', 'p.py']), [])
+    self.assertEqual(notices(['python', 'train.py']), ['tf.Session'])
 
   def test_kept_for_other_programs_and_with_verbose(self):
     before = self._printing()
