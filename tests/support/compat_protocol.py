@@ -30,6 +30,8 @@ TRAIN_STEPS = 40  # after the start checkpoint's single step
 CONTINUE_STEPS = 10
 EVAL_STEPS = 4
 SERVING_IMAGES = 4
+# How long the other TensorFlow's process waits for the caller's half.
+_HANDOFF_WAIT_SECS = 600
 _PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         'legacy_tpu_program.py')
 
@@ -189,14 +191,13 @@ def main(argv=None):
                       help='path of a JSON file {precision: {"model_dir", '
                       '"export_dir"}}, waited for')
   parser.add_argument('--out', required=True)
-  parser.add_argument('--wait_secs', type=int, default=600)
   args = parser.parse_args(argv)
   backend = eb.BACKEND
   runs = {precision: run(backend, precision, args.start_dir, args.work_dir)
           for precision in eb.PRECISIONS}
   results = {'tf_version': tf.__version__, 'backend': backend}
   for precision, theirs in _wait_for_json(args.theirs,
-                                          args.wait_secs).items():
+                                          _HANDOFF_WAIT_SECS).items():
     results[precision] = {
         'run': runs[precision],
         'continued': continue_training(backend, precision,
