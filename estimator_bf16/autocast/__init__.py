@@ -35,7 +35,10 @@ float32-list ops read bfloat16 tensors, not float32 copies (`gradients`).
 Which bfloat16 tensor is the rounding of which float32 one is recorded in
 `precision.rounding`.
 
-Scope of the change: the two functions are replaced while any thread is
+A loss picked by a v2 `tf.cond` leaves its branch as the float32 value,
+not its rounding (`branches`, which stands in for `cond_v2.cond_v2`).
+
+Scope of the change: the three functions are replaced while any thread is
 inside an autocast context (`contexts`) and put back when the last one
 leaves, but the rules (`rules`) read thread-local state (`state`): a thread
 that did not enter a context, e.g. one building its own graph at the same

@@ -11,6 +11,7 @@ import contextlib
 
 import tensorflow as tf
 
+from estimator_bf16.autocast import branches
 from estimator_bf16.autocast import master_weights
 from estimator_bf16.autocast import rules
 from estimator_bf16.autocast import state
@@ -19,12 +20,14 @@ from estimator_bf16.precision import policy as precision_lib
 
 
 _REPLACEMENTS = {'_apply_op_helper': rules.apply_op_with_autocast,
-                 'convert': rules.convert_with_autocast}
+                 'convert': rules.convert_with_autocast,
+                 'cond_v2': branches.cond_v2_with_autocast}
 
 
 def _install():
   # The two entry points every graph op and every tensor conversion pass
-  # through; both are looked up by module attribute at call time. What is
+  # through, and the one every v2 `tf.cond` is built by (`branches`); all
+  # are looked up by module attribute at call time. What is
   # there now (TensorFlow's function or someone's stand-in) is what the
   # rules defer to and what the undo puts back; it is recorded before the
   # attribute changes, so a rule never finds its own replacement there.

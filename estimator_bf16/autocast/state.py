@@ -2,16 +2,18 @@
 
 Holds the one `threading.local` every autocast module reads (which modes
 this thread entered, whether autocast is making its own ops, the casts made
-so far, a cache of trainable variable names) and the two functions autocast
-stands in for, read when its swap is applied (`contexts`), so that the
-rules can still create ops the way they were created before: TensorFlow's
-own functions, or whatever stand-in was installed at that time.
+so far, a cache of trainable variable names) and the three functions
+autocast stands in for, read when its swap is applied (`contexts`), so that
+the rules can still create ops the way they were created before:
+TensorFlow's own functions, or whatever stand-in was installed at that
+time.
 """
 
 import threading
 
 from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import tensor_conversion_registry
+from tensorflow.python.ops import cond_v2
 
 # Mode names, weakest first. 'float32_list' applies the float32 list (and
 # unifies the mixed inputs that its float32 results cause); 'bfloat16' applies
@@ -22,7 +24,8 @@ _RANK = {'float32_list': 1, 'bfloat16': 2}
 # what each held when the swap was applied, while it is in force (empty
 # otherwise). Process-wide, like the swap itself.
 SWAPPED = ((op_def_library, '_apply_op_helper'),
-           (tensor_conversion_registry, 'convert'))
+           (tensor_conversion_registry, 'convert'),
+           (cond_v2, 'cond_v2'))
 _REPLACED = {}
 
 
@@ -50,6 +53,12 @@ def original_apply_op(*args, **kwargs):
 def original_convert(*args, **kwargs):
   """`tensor_conversion_registry.convert` as it was before autocast's swap."""
   return _before_swap(tensor_conversion_registry, 'convert')(*args, **kwargs)
+
+
+def original_cond_v2(*args, **kwargs):
+  """`cond_v2.cond_v2` (what `tf.cond` builds with control flow v2) as it
+  was before autocast's swap."""
+  return _before_swap(cond_v2, 'cond_v2')(*args, **kwargs)
 
 
 class _ThreadState(threading.local):

@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import tensor_conversion_registry
+from tensorflow.python.ops import cond_v2
 
 import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
@@ -866,6 +867,7 @@ class SwapTest(tf.test.TestCase):
   def test_nested_contexts_undo_once_the_last_leaves(self):
     # pylint: disable=protected-access
     before = op_def_library._apply_op_helper
+    cond_before = cond_v2.cond_v2
     with tf.Graph().as_default() as graph:
       with eb.float32_ops():
         with eb.autocast('bfloat16'):
@@ -878,6 +880,7 @@ class SwapTest(tf.test.TestCase):
         tf.matmul(tf.ones([2, 3]), w)
       self.assertEqual(_t_dtypes(graph, 'MatMul'), [tf.float32])
     self.assertIs(op_def_library._apply_op_helper, before)
+    self.assertIs(cond_v2.cond_v2, cond_before)
     with tf.Graph().as_default():
       self.assertEqual(tf.ones([2]).dtype, tf.float32)  # Plain TF again.
 

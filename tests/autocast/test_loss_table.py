@@ -118,6 +118,22 @@ _ROWS += [
     ('scaled', lambda l, p, w, r: _sce(l, p, w) * 0.3, 'logits', DEFAULT),
     ('under_control_dependencies', lambda l, p, w, r: (
         lambda loss: tf.identity(loss))(_sce(l, p, w)), 'logits', DEFAULT),
+    # Chosen by tf.cond (a warm-up schedule, a mode switch): the loss
+    # leaves its branch in float32 (autocast/branches.py); with a library
+    # loss in one branch and a float32 one by hand in the other, the cond
+    # failed ("true_fn and false_fn ... must have the same ... type").
+    ('through_cond', lambda l, p, w, r: tf.cond(
+        tf.constant(True), lambda: _sce(l, p, w),
+        lambda: _sce(l, p, 2.0 * w, R.MEAN)), 'logits', DEFAULT),
+    ('through_cond_by_hand', lambda l, p, w, r: tf.cond(
+        tf.constant(False), lambda: _sce(l, p, w),
+        lambda: -tf.reduce_mean(tf.reduce_sum(
+            _one_hot(l) * tf.nn.log_softmax(p), -1))), 'logits', DEFAULT),
+    # The other branch computes in bfloat16 (a max is exact): it is cast
+    # to float32 to match the branch that returns the float32 loss.
+    ('through_cond_other_branch_bfloat16', lambda l, p, w, r: tf.cond(
+        tf.constant(False), lambda: _sce(l, p, w),
+        lambda: -tf.reduce_max(p)), 'logits', DEFAULT),
     # tf.nn cross-entropies.
     ('nn_softmax_cross_entropy_with_logits', lambda l, p, w, r:
      tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(

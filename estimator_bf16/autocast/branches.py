@@ -1,0 +1,67 @@
+"""`tf.cond` (control flow v2) returns float32 where its branches computed it.
+
+A loss from `tf.compat.v1.losses` is computed in float32 and cast back to
+the logits' dtype by TensorFlow's own code; autocast remembers that cast as
+a rounding (`precision.rounding`), and whatever reads it in the same graph
+reads the float32 value instead. A branch of a v2 `tf.cond` is a graph of
+its own, so its output was the rounding itself: the cond's result, the
+loss of a model_fn that picks its loss with a cond, was bfloat16 (and a
+cond whose other branch computed float32 by hand failed with "true_fn and
+false_fn arguments to tf.cond must have the same ... type").
+
+While autocast is on, each branch's outputs that are such roundings are
+returned as their float32 originals. The true branch is traced first; where
+it returned a float32 original, the false branch's output at that place is
+returned in float32 too (its original, or a cast), so that both branches
+agree. Control flow v1 (TF 1.x programs) builds its branches in the outer
+graph, where the rounding is found anyway.
+"""
+
+import tensorflow as tf
+
+from estimator_bf16.autocast import state
+from estimator_bf16.precision import rounding
+
+
+def _flat(outputs):
+  return tf.nest.flatten(outputs, expand_composites=False)
+
+
+def _exact(value):
+  """`value`'s float32 original if it is a remembered rounding, else None."""
+  if isinstance(value, tf.Tensor) and value.dtype in rounding.HALF_DTYPES:
+    return rounding.exact_float32(value)
+  return None
+
+
+def cond_v2_with_autocast(pred, true_fn=None, false_fn=None, name='cond'):
+  """Stands in for `cond_v2.cond_v2` while any thread uses autocast."""
+  original = state.original_cond_v2
+  if (state.STATE.mode() is None or state.STATE.busy or true_fn is None or
+      false_fn is None):
+    return original(pred, true_fn, false_fn, name)
+  promoted = []  # per flat output of the true branch: returned in float32
+
+  def true_branch():
+    outputs = true_fn()
+    flat = _flat(outputs)
+    exact = [_exact(value) for value in flat]
+    promoted[:] = [e is not None for e in exact]
+    return tf.nest.pack_sequence_as(
+        outputs, [e if e is not None else v for v, e in zip(flat, exact)])
+
+  def false_branch():
+    outputs = false_fn()
+    flat = _flat(outputs)
+    if len(flat) != len(promoted):
+      return outputs  # cond_v2 names the mismatch itself.
+    values = []
+    for value, to_float32 in zip(flat, promoted):
+      if (to_float32 and isinstance(value, tf.Tensor) and
+          value.dtype in rounding.HALF_DTYPES):
+        exact = _exact(value)
+        value = exact if exact is not None else tf.cast(value, tf.float32)
+      values.append(value)
+    return tf.nest.pack_sequence_as(outputs, values)
+
+  return original(pred, true_branch, false_branch, name)
