@@ -23,15 +23,21 @@ from estimator_bf16.autocast import state
 from estimator_bf16.precision import rounding
 
 
-def _flat(outputs):
-  return tf.nest.flatten(outputs, expand_composites=False)
-
-
 def _exact(value):
   """`value`'s float32 original if it is a remembered rounding, else None."""
   if isinstance(value, tf.Tensor) and value.dtype in rounding.HALF_DTYPES:
     return rounding.exact_float32(value)
   return None
+
+
+def _in_float32(value):
+  """`value` in float32: its float32 original, or a cast of a 16-bit tensor."""
+  exact = _exact(value)
+  if exact is not None:
+    return exact
+  if isinstance(value, tf.Tensor) and value.dtype in rounding.HALF_DTYPES:
+    return tf.cast(value, tf.float32)
+  return value
 
 
 def cond_v2_with_autocast(pred, true_fn=None, false_fn=None, name='cond'):
@@ -44,7 +50,7 @@ def cond_v2_with_autocast(pred, true_fn=None, false_fn=None, name='cond'):
 
   def true_branch():
     outputs = true_fn()
-    flat = _flat(outputs)
+    flat = tf.nest.flatten(outputs)
     exact = [_exact(value) for value in flat]
     promoted[:] = [e is not None for e in exact]
     return tf.nest.pack_sequence_as(
@@ -52,16 +58,11 @@ def cond_v2_with_autocast(pred, true_fn=None, false_fn=None, name='cond'):
 
   def false_branch():
     outputs = false_fn()
-    flat = _flat(outputs)
+    flat = tf.nest.flatten(outputs)
     if len(flat) != len(promoted):
       return outputs  # cond_v2 names the mismatch itself.
-    values = []
-    for value, to_float32 in zip(flat, promoted):
-      if (to_float32 and isinstance(value, tf.Tensor) and
-          value.dtype in rounding.HALF_DTYPES):
-        exact = _exact(value)
-        value = exact if exact is not None else tf.cast(value, tf.float32)
-      values.append(value)
-    return tf.nest.pack_sequence_as(outputs, values)
+    return tf.nest.pack_sequence_as(outputs, [
+        _in_float32(value) if to_float32 else value
+        for value, to_float32 in zip(flat, promoted)])
 
   return original(pred, true_branch, false_branch, name)
