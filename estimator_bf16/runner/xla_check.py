@@ -19,6 +19,10 @@ from estimator_bf16.precision import policy as precision_lib
 # Steps per compiled loop. One step's buffers do not depend on how many
 # steps the loop runs; two show that a step follows a step on the device.
 XLA_LOOP_STEPS = 2
+# Loops run: the compiling one only. The check reports bytes, not step
+# times, and XLA's CPU steps of a large bfloat16 model take minutes each
+# (its CPU backend has no fast bfloat16 convolution).
+XLA_LOOPS = 1
 
 
 @dataclasses.dataclass
@@ -97,7 +101,8 @@ def xla_check(train_graph, result):
   step = xla_step.train_loop_on_xla(
       train_graph.model_fn, train_graph.input_fn, batch_size=batch,
       params=train_graph.params, config=train_graph.config,
-      iterations_per_loop=XLA_LOOP_STEPS, precision=precision,
+      iterations_per_loop=XLA_LOOP_STEPS, loops=XLA_LOOPS,
+      precision=precision,
       gradient_accumulation_steps=steps, recompute=recompute)
   planned = plan_error = None
   if train_graph.features is not None:

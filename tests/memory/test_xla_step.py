@@ -467,7 +467,7 @@ class CheckXlaCommandTest(tf.test.TestCase):
     # The update's batch: two micro-batches of 16.
     self.assertRegex(self.stderr, r'batch 32 per core')
     self.assertRegex(self.stderr,
-                     r'4 steps ran: loss [0-9.]+, global_step 4')
+                     r'2 steps ran: loss [0-9.]+, global_step 2')
 
   def test_the_report_has_xla_s_figures(self):
     self.assertIsNotNone(self.data, self.stderr[-3000:])
