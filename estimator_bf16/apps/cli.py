@@ -156,8 +156,13 @@ def build_parser():
       command.add_argument(
           '--xla', action='store_true',
           help='also compile the TRAIN step with XLA on this CPU, inside a '
-          'device loop as on a TPU (use_tpu=True), run a few steps, and '
-          "print XLA's bytes for one step beside the plan")
+          "device loop as on a TPU (use_tpu=True), and print XLA's bytes "
+          'for one step beside the plan')
+      command.add_argument(
+          '--xla_steps', type=int, default=xla_check.XLA_STEPS, metavar='N',
+          help='with --xla: also run N training steps of the compiled loop '
+          '(default %d: compile only; on a CPU, XLA takes minutes per step '
+          'of a large bfloat16 model)' % xla_check.XLA_STEPS)
     command.add_argument('program', metavar='PROGRAM.py')
     command.add_argument('program_args', nargs=argparse.REMAINDER,
                          metavar='ARGS', help="the program's own arguments")
@@ -261,6 +266,11 @@ def main(argv=None):
   if args.accumulate < 1:
     return _error('--accumulate must be an integer >= 1 (micro-batches per '
                   'update), got %d.' % args.accumulate)
+  xla_steps = getattr(args, 'xla_steps', xla_check.XLA_STEPS)
+  if xla_steps != xla_check.XLA_STEPS and not args.xla:
+    return _error('--xla_steps needs --xla.')
+  if xla_steps < 0:
+    return _error('--xla_steps must be an integer >= 0, got %d.' % xla_steps)
   # Before TensorFlow reads them (see the module docstring).
   _set_environment(args)
   budget = None
@@ -295,7 +305,7 @@ def main(argv=None):
         recompute=args.recompute)
   xla_fn = None
   if getattr(args, 'xla', False):
-    xla_fn = xla_check.xla_check
+    xla_fn = functools.partial(xla_check.xla_check, steps=args.xla_steps)
   try:
     result = runner.run_program(
         args.program, args.program_args, precision=args.precision,

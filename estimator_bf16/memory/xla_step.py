@@ -7,8 +7,10 @@ same way on the CPU: the input_fn's next `iterations_per_loop` batches are
 stacked into the loop's arguments, the model_fn (in the precision, with
 the levers) is built inside a `tf.compat.v1.while_loop` whose body takes
 batch `i`, and `xla.compile` compiles the loop into one XLA computation.
-It runs a few loops and reads XLA's buffer assignment of the compiled loop
-(`xla_dump`).
+The loop's trip count is fed at each run, as TPUEstimator's loop reads
+`iterations_per_loop` from a variable, so XLA compiles a loop (not one
+inlined step) and a run of no step compiles it. It runs a few loops, or
+none, and reads XLA's buffer assignment of the compiled loop (`xla_dump`).
 
 What it shows that the ordinary CPU run does not: that the step compiles
 inside a device loop (an op XLA cannot compile is named with the line of
@@ -133,9 +135,12 @@ class XlaStep:
       global step), left out of `step_bytes`: the step's results hold their
       new values, which a TPU writes over them.
     input_bytes: int, bytes of the stacked input batches passed in.
-    iterations_per_loop: int, steps per compiled loop.
-    loops: int, loops run.
-    loss: float, the loss of the last step run.
+    iterations_per_loop: int, steps per compiled loop (input batches
+      stacked into the loop's arguments).
+    loops: int, loops run, the compiling one included.
+    steps: int, training steps run in all the loops; 0 when the loop was
+      only compiled.
+    loss: float, the loss of the last step run; None when no step ran.
     global_step: int, the global step after the last loop.
     seconds_per_step: float, wall time of a step in the loops after the
       first (which compiles); None with a single loop.
@@ -151,7 +156,8 @@ class XlaStep:
   input_bytes: int
   iterations_per_loop: int
   loops: int
-  loss: float
+  steps: int
+  loss: Optional[float]
   global_step: int
   seconds_per_step: Optional[float]
   assignment_path: str
@@ -241,13 +247,20 @@ def _stacked_batches(input_fn, params, config, iterations):
   return iterator.initializer, features, labels
 
 
-def _loop(model_fn, params, config, iterations, features, labels):
-  """The computation XLA compiles: `iterations` steps over the batches."""
+def _loop(model_fn, params, config, count, features, labels):
+  """The computation XLA compiles: `count` steps over the stacked batches.
+
+  `count` is an int32 scalar tensor fed at each run, not a constant: as
+  TPUEstimator's loop reads its `iterations_per_loop` from a variable, the
+  compiled loop does not depend on it. One compile serves every run, and a
+  run of 0 steps compiles the loop (and gets its buffer assignment) without
+  training: on a CPU, XLA's steps of a large model can take many minutes.
+  """
   # tf.nest keeps None as a leaf: labels-free input passes features alone.
   structure = features if labels is None else (features, labels)
   flat = tf.nest.flatten(structure)
 
-  def computation(*args):
+  def computation(steps, *args):
     packed = tf.nest.pack_sequence_as(structure, list(args))
     stacked_features, stacked_labels = ((packed, None) if labels is None
                                         else packed)
@@ -269,11 +282,11 @@ def _loop(model_fn, params, config, iterations, features, labels):
         return i + 1, tf.identity(tf.cast(spec.loss, tf.float32))
 
     _, loss = tf.compat.v1.while_loop(
-        lambda i, unused_loss: i < iterations, body,
+        lambda i, unused_loss: i < steps, body,
         [tf.constant(0), tf.constant(0.0)], parallel_iterations=1)
     return loss
 
-  return xla.compile(computation, inputs=flat)
+  return xla.compile(computation, inputs=[count] + flat)
 
 
 def all_ops(graph):
@@ -335,13 +348,16 @@ class CompiledLoop:
 
   Building runs the first loop, which compiles, and reads XLA's buffer
   assignment of the compiled loop; `run` runs (and times) one more loop.
+  With `first_steps=0` the first loop only compiles: no step runs.
   `train_loop_on_xla` uses one for a few loops. Two kept open at once can
   be run turn about, so that their step times are measured side by side
   under the same load (the benchmark's paired step times). Close it (or
   use it in a `with` block) to free the session.
 
   Args (keyword-only after `input_fn`): as `train_loop_on_xla`'s, less
-  `loops` and `return_variables`.
+  `loops`, `steps` and `return_variables`, and:
+    first_steps: int, steps the compiling loop runs, 0 to
+      `iterations_per_loop`; None runs a whole loop.
 
   Raises:
     as `train_loop_on_xla`.
@@ -349,11 +365,14 @@ class CompiledLoop:
 
   def __init__(self, model_fn, input_fn, *, batch_size, params=None,
                config=None, iterations_per_loop=2, precision='bfloat16',
-               gradient_accumulation_steps=1, recompute=False):
+               gradient_accumulation_steps=1, recompute=False,
+               first_steps=None):
     if iterations_per_loop < 1:
       raise ValueError('iterations_per_loop must be >= 1, got %r.' %
                        iterations_per_loop)
     self.iterations_per_loop = iterations_per_loop
+    self.steps = 0  # Steps run so far, in every loop.
+    self._run_steps = []  # Steps of each loop run, in order.
     folder = xla_dump.enable()
     before = xla_dump.assignment_files(folder)
     wrapped = wrappers.wrap_model_fn(
@@ -383,8 +402,9 @@ class CompiledLoop:
       initializer, features, labels = _stacked_batches(
           wrappers.wrap_input_fn(input_fn, precision), run_params, config,
           iterations_per_loop)
+      self._count = tf.compat.v1.placeholder(tf.int32, [], name='steps')
       with _one_core():
-        self._loss = _loop(wrapped, run_params, config, iterations_per_loop,
+        self._loss = _loop(wrapped, run_params, config, self._count,
                            features, labels)
       input_tensors = [t for t in tf.nest.flatten((features, labels))
                        if t is not None]
@@ -396,7 +416,7 @@ class CompiledLoop:
     try:
       self._session.run(init)
       with quiet.compile_noise_hidden():
-        self.first_seconds = self.run()
+        self.first_seconds = self.run(first_steps)
     except BaseException:
       self.close()
       raise
@@ -404,15 +424,29 @@ class CompiledLoop:
     self._assignment = _step_assignment(
         xla_dump.new_assignments(folder, before), self._shapes)
 
-  def run(self):
-    """Runs one loop of `iterations_per_loop` steps; returns its seconds."""
+  def run(self, steps=None):
+    """Runs one loop; returns its seconds.
+
+    Args:
+      steps: int, the loop's steps, 0 to `iterations_per_loop` (each takes
+        the next of the loop's stacked batches); None runs them all.
+    """
+    steps = self.iterations_per_loop if steps is None else steps
+    if not 0 <= steps <= self.iterations_per_loop:
+      raise ValueError('a loop runs 0 to %d steps, not %r.' % (
+          self.iterations_per_loop, steps))
     start = time.perf_counter()
     try:
-      self._values = self._session.run(self._loss)
+      values = self._session.run(self._loss, {self._count: steps})
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
             tf.errors.NotFoundError) as e:
       raise _one_line_failure(e, self._graph) from None
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    self._run_steps.append(steps)
+    if steps:
+      self._values = values
+      self.steps += steps
+    return seconds
 
   def step(self, times, return_variables=False):
     """The `XlaStep` of this loop, given the seconds of the loops run.
@@ -440,16 +474,22 @@ class CompiledLoop:
                            self._session.run(found)))
     values = self._values
     loss_value = values[0] if isinstance(values, (list, tuple)) else values
+    loss = None if values is None else float(np.asarray(loss_value))
     return XlaStep(
         step_bytes=assignment.total_bytes - variable_bytes - extra_inputs,
         total_bytes=assignment.total_bytes, variable_bytes=variable_bytes,
         input_bytes=input_bytes, iterations_per_loop=iterations,
-        loops=len(times), loss=float(np.asarray(loss_value)),
+        loops=len(times), steps=self.steps, loss=loss,
         global_step=int(self._session.run(self._global_step)),
-        seconds_per_step=(float(np.median(times[1:])) / iterations
-                          if len(times) > 1 else None),
+        seconds_per_step=self._seconds_per_step(times),
         assignment_path=assignment.path, variables=variables,
         product_dtypes=xla_dump.product_dtypes(assignment.path))
+
+  def _seconds_per_step(self, times):
+    """Median seconds per step of the loops after the compiling one."""
+    later = [seconds / steps for seconds, steps in
+             zip(times[1:], self._run_steps[1:]) if steps]
+    return float(np.median(later)) if later else None
 
   def close(self):
     self._session.close()
@@ -464,7 +504,8 @@ class CompiledLoop:
 def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
                       config=None, iterations_per_loop=2, loops=2,
                       precision='bfloat16', gradient_accumulation_steps=1,
-                      recompute=False, return_variables=False):
+                      recompute=False, return_variables=False,
+                      steps=None):
   """Compiles and runs the TRAIN loop with XLA on this machine.
 
   Args:
@@ -479,11 +520,15 @@ def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
     config: the RunConfig passed on to model_fn and input_fn (its
       `tf_random_seed` seeds the graph, as an Estimator's does), or None.
     iterations_per_loop: int >= 1, steps per compiled loop.
-    loops: int >= 1, loops run (the first compiles).
+    loops: int >= 1, loops run (the first compiles), each of
+      `iterations_per_loop` steps.
     precision: 'float32' or 'bfloat16'.
     gradient_accumulation_steps: int >= 1 (`levers`).
     recompute: bool (`levers`).
     return_variables: also return the variables' values after training.
+    steps: int >= 0, or None: run this many steps instead of `loops`
+      whole loops, in loops of up to `iterations_per_loop` (the first
+      compiles); 0 compiles the loop and runs no step.
 
   Returns:
     An `XlaStep`.
@@ -497,11 +542,19 @@ def train_loop_on_xla(model_fn, input_fn, *, batch_size, params=None,
   if iterations_per_loop < 1 or loops < 1:
     raise ValueError('iterations_per_loop and loops must be >= 1, got %r '
                      'and %r.' % (iterations_per_loop, loops))
+  if steps is None:
+    per_loop = [iterations_per_loop] * loops
+  elif steps < 0:
+    raise ValueError('steps must be >= 0, got %r.' % steps)
+  else:
+    whole, rest = divmod(steps, iterations_per_loop)
+    per_loop = [iterations_per_loop] * whole + ([rest] if rest else [])
+    per_loop = per_loop or [0]
   with CompiledLoop(
       model_fn, input_fn, batch_size=batch_size, params=params,
       config=config, iterations_per_loop=iterations_per_loop,
       precision=precision,
       gradient_accumulation_steps=gradient_accumulation_steps,
-      recompute=recompute) as loop:
-    times = [loop.first_seconds] + [loop.run() for _ in range(loops - 1)]
+      recompute=recompute, first_steps=per_loop[0]) as loop:
+    times = [loop.first_seconds] + [loop.run(n) for n in per_loop[1:]]
     return loop.step(times, return_variables)

@@ -16,13 +16,15 @@ from estimator_bf16.memory import xla_step
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.precision import policy as precision_lib
 
-# Steps per compiled loop. One step's buffers do not depend on how many
-# steps the loop runs; two show that a step follows a step on the device.
+# Steps per compiled loop (input batches stacked into its arguments). One
+# step's buffers do not depend on how many steps the loop runs.
 XLA_LOOP_STEPS = 2
-# Loops run: the compiling one only. The check reports bytes, not step
-# times, and XLA's CPU steps of a large bfloat16 model take minutes each
-# (its CPU backend has no fast bfloat16 convolution).
-XLA_LOOPS = 1
+# Steps run by default: none. The loop's trip count is fed at run time (as
+# TPUEstimator's loop reads it from a variable), so a run of 0 steps
+# compiles it and gets its buffer assignment; XLA's CPU steps of a large
+# bfloat16 model take minutes each (ResNet-18 at 224 px, batch 64: four
+# steps ran over 13 minutes after a 30-s compile). `--xla_steps` runs some.
+XLA_STEPS = 0
 
 
 @dataclasses.dataclass
@@ -77,13 +79,14 @@ def levers_of(result):
           result.recompute)
 
 
-def xla_check(train_graph, result):
-  """Builds, compiles and runs the program's step with XLA; plans it.
+def xla_check(train_graph, result, steps=XLA_STEPS):
+  """Builds and compiles the program's step with XLA (runs `steps`); plans it.
 
   Args:
     train_graph: a `runner.TrainGraph` (from check mode).
     result: the `runner.RunResult` of the same run (its precision and
       levers are the build's).
+    steps: int >= 0, training steps the compiled loop runs after compiling.
 
   Returns:
     An `XlaCheck`.
@@ -97,29 +100,29 @@ def xla_check(train_graph, result):
     raise ValueError('the program built its TRAIN graph outside `train`, so '
                      'there is no input_fn to feed the XLA build.')
   batch = update_batch(train_graph, result)
-  precision, steps, recompute = levers_of(result)
+  precision, accumulation, recompute = levers_of(result)
   step = xla_step.train_loop_on_xla(
       train_graph.model_fn, train_graph.input_fn, batch_size=batch,
       params=train_graph.params, config=train_graph.config,
-      iterations_per_loop=XLA_LOOP_STEPS, loops=XLA_LOOPS,
-      precision=precision,
-      gradient_accumulation_steps=steps, recompute=recompute)
+      iterations_per_loop=XLA_LOOP_STEPS, steps=steps, precision=precision,
+      gradient_accumulation_steps=accumulation, recompute=recompute)
   planned = plan_error = None
   if train_graph.features is not None:
     try:
       plan = eb.memory_plan(
           train_graph.model_fn, features=train_graph.features,
           labels=train_graph.labels, precision=precision,
-          params=train_graph.params, gradient_accumulation_steps=steps,
-          recompute=recompute, compiled=True)
+          params=train_graph.params,
+          gradient_accumulation_steps=accumulation, recompute=recompute,
+          compiled=True)
       planned = plan.step_bytes(batch)
     except Exception as e:  # pylint: disable=broad-except
       plan_error = '%s: %s' % (type(e).__name__, str(e).splitlines()[0])
   return XlaCheck(step=step, batch_size=batch, planned_bytes=planned,
                   plan_error=plan_error,
                   iterations_per_loop=train_graph.iterations_per_loop,
-                  precision=precision, gradient_accumulation_steps=steps,
-                  recompute=recompute)
+                  precision=precision,
+                  gradient_accumulation_steps=accumulation, recompute=recompute)
 
 
 def report_lines(result):
@@ -166,8 +169,12 @@ def report_lines(result):
                     ", the rest in float32 (XLA's CPU backend converts "
                     'their bfloat16 operands to float32; a TPU multiplies in '
                     'bfloat16), so a TPU holds less than this figure'))
-  lines.append('  %d steps ran: loss %.4g, global_step %d. XLA on a CPU '
-               'does not pad to TPU tiles or schedule as a TPU does.' % (
-                   step.loops * step.iterations_per_loop, step.loss,
-                   step.global_step))
+  if step.steps:
+    ran = '%d steps ran: loss %.4g, global_step %d.' % (
+        step.steps, step.loss, step.global_step)
+  else:
+    ran = ('compiled only, no step ran (--xla_steps=N runs N steps here, '
+           'minutes each for a large bfloat16 model).')
+  lines.append('  %s XLA on a CPU does not pad to TPU tiles or schedule as a '
+               'TPU does.' % ran)
   return lines
