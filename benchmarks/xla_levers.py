@@ -25,7 +25,7 @@ from benchmarks import planning
 from estimator_bf16.memory import xla_step
 from estimator_bf16.precision import policy
 
-# Steps per compiled loop, and loops run (the first compiles).
+# Steps per compiled loop, and the timed rounds of `recompute_rows`.
 _LOOP_STEPS = 2
 _LOOPS = 3
 MiB = 2.0**20
@@ -37,10 +37,14 @@ LEVER_COMBINATIONS = (('plain', 1, False), ('accumulate', 4, False),
 
 def xla_step_of(spec, precision, batch_size, steps=1, recompute=False,
                 loop_steps=_LOOP_STEPS):
-  """XLA's build of `spec`'s step at `batch_size` per core (`XlaStep`)."""
+  """XLA's build of `spec`'s step at `batch_size` per core (`XlaStep`).
+
+  Compiled only: the rows read its bytes, and XLA's CPU steps of a large
+  model take minutes.
+  """
   return xla_step.train_loop_on_xla(
       graphs.model_fn(spec), graphs.synthetic_input_fn(spec),
-      batch_size=batch_size, iterations_per_loop=loop_steps, loops=_LOOPS,
+      batch_size=batch_size, iterations_per_loop=loop_steps, steps=0,
       precision=precision, gradient_accumulation_steps=steps,
       recompute=recompute)
 
