@@ -9,6 +9,7 @@ big batch compiled the same way and with the host version's checkpoints.
 
 import contextlib
 import functools
+import io
 import json
 import os
 import re
@@ -530,6 +531,35 @@ class CheckXlaCommandTest(tf.test.TestCase):
         types.SimpleNamespace(xla=check, xla_error=None))
     self.assertIn('compiled only, no step ran (--xla_steps=N', lines[-1])
     self.assertNotIn('steps ran', '\n'.join(lines))
+
+
+class XlaStepsOptionTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('negative', ['--xla', '--xla_steps=-1'],
+       '--xla_steps must be an integer >= 0, got -1'),
+      ('without_xla', ['--xla_steps=3'], '--xla_steps needs --xla'))
+  def test_refused_before_the_program_runs(self, flags, message):
+    from estimator_bf16.apps import cli  # pylint: disable=g-import-not-at-top
+    from estimator_bf16.runner import program as runner  # pylint: disable=g-import-not-at-top
+
+    def must_not_run(*args, **kwargs):
+      raise AssertionError('the program ran: %s %s' % (args, kwargs))
+
+    with tf.compat.v1.test.mock.patch.dict(os.environ), \
+        tf.compat.v1.test.mock.patch.object(runner, 'run_program',
+                                            must_not_run), \
+        tf.compat.v1.test.mock.patch('sys.stderr',
+                                     new_callable=io.StringIO) as stderr:
+      code = cli.main(['check'] + flags + ['tests/support/legacy_tpu_main.py'])
+    self.assertEqual(code, 2)
+    self.assertIn(message, stderr.getvalue())
+
+  def test_negative_steps_are_refused(self):
+    with self.assertRaisesRegex(ValueError, 'steps must be >= 0, got -1'):
+      xla_step.train_loop_on_xla(
+          models.adam_model_fn, models.input_fn, batch_size=models._BATCH,  # pylint: disable=protected-access
+          steps=-1)
 
 
 class TilePaddingTest(tf.test.TestCase):
