@@ -12,6 +12,7 @@ One concern per module:
 - `keras_baseline`: the same MLP under Keras's `mixed_bfloat16` policy.
 - `planning`: the memory planner on the benchmarked models.
 - `convergence`: loss curves and eval metrics of both precisions.
+- `check_time`: the wait of `check --xla --fit` on a ResNet at 224 px.
 - `env`: CPU flags, versions and load of the machine.
 - `report`: Markdown tables, targets and the loss-curve PNG.
 - `runner`: runs them all in order; `scripts/benchmark.py` is the program.

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import statistics
+import sys
 
 import pytest
 import tensorflow as tf
@@ -776,3 +777,32 @@ def test_xla_tables_are_the_quotients_they_name(tmp_path):
       sum(rows[4]['xla_products'].values())))
   assert '**The planner against XLA**' in '\n'.join(lines)
   assert len([l for l in lines if l.startswith('| mnist_mlp')]) == 9
+
+
+def test_check_time_builds_the_issue_command_and_times_a_child(tmp_path):
+  """benchmarks/check_time: its command is `check`'s, on train_cli's flags.
+
+  The timed command itself (20 s or more here) is the benchmark's; the
+  suite runs `check --xla` in tests/memory/test_xla_step.py.
+  """
+  from benchmarks import check_time  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.apps import cli  # pylint: disable=g-import-not-at-top
+  from estimator_bf16.apps import training  # pylint: disable=g-import-not-at-top
+  argv = check_time.command(str(tmp_path), resnet_depth=18, image_size=224,
+                            batch=64)
+  assert argv[:4] == [sys.executable, '-m', 'estimator_bf16', 'check']
+  args = cli.build_parser().parse_args(argv[3:])
+  assert (args.command, args.precision, args.xla, args.device) == (
+      'check', 'bfloat16', True, 'tpu-v2')
+  assert args.program == check_time.PROGRAM
+  assert os.path.exists(os.path.join(check_time._REPO, args.program))  # pylint: disable=protected-access
+  # The program's flags are the training command's options.
+  options = {f.name for f in dataclasses.fields(training.TrainOptions)}
+  for flag in args.program_args:
+    assert flag[2:].split('=')[0] in options, flag
+  child = [sys.executable, '-c',
+           'import sys; print("result: FAILED", file=sys.stderr); sys.exit(1)']
+  timed = check_time.time_command(child, cwd=str(tmp_path))
+  assert timed['exit_code'] == 1
+  assert timed['result'] == 'result: FAILED'
+  assert timed['seconds'] > 0

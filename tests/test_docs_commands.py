@@ -64,6 +64,11 @@ _NOT_RUN = {
         'compile each graph once); tests/memory/test_xla_step.py '
         '(CheckXlaCommandTest) runs the same command, `check --xla '
         '--accumulate=2`, on a small TF 1.x program',
+    ('docs/levers.md', '.venv/bin/python -m benchmarks.check_time'):
+        'a benchmark: 20 s or more of planning and XLA compiling at 224 px '
+        '(over a minute on an AVX2-only CPU); tests/test_benchmark.py checks '
+        'the command it times and its timing of a child, and '
+        'tests/memory/test_xla_step.py runs `check --xla` itself',
     ('docs/runner.md', '.venv/bin/python -m estimator_bf16 check --xla'):
         'over the block budget, as the check --xla of docs/levers.md; '
         'tests/memory/test_xla_step.py runs `check --xla --accumulate=2` on '
