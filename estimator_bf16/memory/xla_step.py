@@ -371,7 +371,6 @@ class CompiledLoop:
       raise ValueError('iterations_per_loop must be >= 1, got %r.' %
                        iterations_per_loop)
     self.iterations_per_loop = iterations_per_loop
-    self.steps = 0  # Steps run so far, in every loop.
     self._run_steps = []  # Steps of each loop run, in order.
     folder = xla_dump.enable()
     before = xla_dump.assignment_files(folder)
@@ -445,7 +444,6 @@ class CompiledLoop:
     self._run_steps.append(steps)
     if steps:
       self._values = values
-      self.steps += steps
     return seconds
 
   def step(self, times, return_variables=False):
@@ -479,7 +477,7 @@ class CompiledLoop:
         step_bytes=assignment.total_bytes - variable_bytes - extra_inputs,
         total_bytes=assignment.total_bytes, variable_bytes=variable_bytes,
         input_bytes=input_bytes, iterations_per_loop=iterations,
-        loops=len(times), steps=self.steps, loss=loss,
+        loops=len(times), steps=sum(self._run_steps), loss=loss,
         global_step=int(self._session.run(self._global_step)),
         seconds_per_step=self._seconds_per_step(times),
         assignment_path=assignment.path, variables=variables,
