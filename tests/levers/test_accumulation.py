@@ -8,11 +8,8 @@ mean (a sum, a missing micro-batch, an update per micro-batch, a clip of
 the last micro-batch alone) differs by 1e-2 or more.
 """
 
-import io
-import os
 import shutil
 import tempfile
-from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -30,6 +27,7 @@ from benchmarks import graphs
 from benchmarks import step_memory
 from tests.memory import test_fit
 from tests.support import isolated_cache
+from tests.support import cli_refusal
 from tests.runner import test_runner
 
 _FEATURES = 10
@@ -567,19 +565,10 @@ class CommandsTest(tf.test.TestCase):
 
   def test_run_rejects_a_bad_k_before_running(self):
     # cli.main here returns what `python -m estimator_bf16` exits with.
-    from estimator_bf16.apps import cli  # pylint: disable=g-import-not-at-top
-    from estimator_bf16.runner import program as runner  # pylint: disable=g-import-not-at-top
-
-    def must_not_run(*args, **kwargs):
-      raise AssertionError('the program ran: %s %s' % (args, kwargs))
-
-    with mock.patch.dict(os.environ), \
-        mock.patch.object(runner, 'run_program', must_not_run), \
-        mock.patch('sys.stderr', new_callable=io.StringIO) as stderr:
-      code = cli.main(['run', '--accumulate=0',
-                       'tests/support/legacy_tpu_main.py'])
+    code, stderr = cli_refusal.refused(
+        ['run', '--accumulate=0', 'tests/support/legacy_tpu_main.py'])
     self.assertEqual(code, 2)
-    self.assertIn('--accumulate must be an integer >= 1', stderr.getvalue())
+    self.assertIn('--accumulate must be an integer >= 1', stderr)
 
   def test_training_command_counts_updates(self):
     model_dir = self.create_tempdir().full_path

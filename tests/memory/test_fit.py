@@ -23,6 +23,7 @@ from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.precision import policy
 from estimator_bf16.runner import fit_report
 from tests.support import legacy_model
+from tests.support import cli_refusal
 from tests.platform import test_quiet
 from tests.runner import test_runner
 
@@ -586,19 +587,10 @@ class FitCommandLineTest(tf.test.TestCase, parameterized.TestCase):
        'go with --fit'))
   def test_bad_input_exits_2_before_running(self, command, args, message):
     from estimator_bf16.apps import cli  # pylint: disable=g-import-not-at-top
-    from estimator_bf16.runner import program as runner  # pylint: disable=g-import-not-at-top
-
-    def must_not_run(*args, **kwargs):
-      raise AssertionError('the program ran: %s %s' % (args, kwargs))
-
-    # The environment cli.main sets for a run is this process's: restored.
-    with mock.patch.dict(os.environ), \
-        mock.patch.object(runner, 'run_program', must_not_run), \
-        mock.patch('sys.stderr', new_callable=io.StringIO) as stderr:
-      code = cli.main([command, *args, _PROGRAM])
+    code, stderr = cli_refusal.refused([command, *args, _PROGRAM])
     self.assertEqual(code, cli.EXIT_USAGE)
-    self.assertIn(message, stderr.getvalue())
-    self.assertNotIn('Traceback', stderr.getvalue())
+    self.assertIn(message, stderr)
+    self.assertNotIn('Traceback', stderr)
 
 
 def _measured(stderr, name):

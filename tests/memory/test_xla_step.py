@@ -9,7 +9,6 @@ big batch compiled the same way and with the host version's checkpoints.
 
 import contextlib
 import functools
-import io
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from tensorflow.python.ops import control_flow_util
 from tests.levers import test_accumulation as models
 from tests.memory import test_fit
 from tests.runner import test_runner
+from tests.support import cli_refusal
 
 _K = 4
 _LOOP = 2  # steps per compiled loop
@@ -540,20 +540,10 @@ class XlaStepsOptionTest(tf.test.TestCase, parameterized.TestCase):
        '--xla_steps must be an integer >= 0, got -1'),
       ('without_xla', ['--xla_steps=3'], '--xla_steps needs --xla'))
   def test_refused_before_the_program_runs(self, flags, message):
-    from estimator_bf16.apps import cli  # pylint: disable=g-import-not-at-top
-    from estimator_bf16.runner import program as runner  # pylint: disable=g-import-not-at-top
-
-    def must_not_run(*args, **kwargs):
-      raise AssertionError('the program ran: %s %s' % (args, kwargs))
-
-    with tf.compat.v1.test.mock.patch.dict(os.environ), \
-        tf.compat.v1.test.mock.patch.object(runner, 'run_program',
-                                            must_not_run), \
-        tf.compat.v1.test.mock.patch('sys.stderr',
-                                     new_callable=io.StringIO) as stderr:
-      code = cli.main(['check'] + flags + ['tests/support/legacy_tpu_main.py'])
+    code, stderr = cli_refusal.refused(
+        ['check'] + flags + ['tests/support/legacy_tpu_main.py'])
     self.assertEqual(code, 2)
-    self.assertIn(message, stderr.getvalue())
+    self.assertIn(message, stderr)
 
   def test_negative_steps_are_refused(self):
     with self.assertRaisesRegex(ValueError, 'steps must be >= 0, got -1'):
