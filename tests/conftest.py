@@ -5,6 +5,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 # The CPU allocator keeps the statistics that memory tests read only when the
 # process starts with this set (see estimator_bf16/memory/peak.py).
 os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
@@ -64,3 +66,12 @@ def pytest_xdist_make_scheduler(config, log):
       return super()._split_scope(nodeid)
 
   return _Scheduling(config, log)
+
+
+@pytest.fixture(scope='session', autouse=True)
+def _graph_text_in_c():
+  """Each test process writes graph.pbtxt with protobuf's C text encoder
+  (tests/support/graph_text.py): the same graph, a tenth of the time."""
+  from tests.support import graph_text  # pylint: disable=g-import-not-at-top
+  with graph_text.c_encoded_graph_text():
+    yield

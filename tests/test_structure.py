@@ -271,7 +271,7 @@ class LayoutTest(tf.test.TestCase):
 # package folder: they stay at the top of tests/.
 _REPOSITORY_TESTS = ('test_benchmark.py', 'test_corpus.py',
                      'test_docs_commands.py', 'test_packaging.py',
-                     'test_structure.py')
+                     'test_structure.py', 'test_suite_setup.py')
 
 
 def mirror_problems(tests_dir, package_dir):
