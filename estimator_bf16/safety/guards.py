@@ -214,11 +214,6 @@ def _variable_name(variable):
   return op.name if op is not None else str(variable)
 
 
-def _count(predicate, values):
-  return tf.strings.as_string(
-      tf.reduce_sum(tf.cast(predicate(values), tf.int64)))
-
-
 def _finite_check(items, global_step):
   """Returns a bool tensor that is True when every item is finite.
 
@@ -227,24 +222,35 @@ def _finite_check(items, global_step):
   counting only runs on that failure path.
 
   Args:
-    items: list of (tensor or IndexedSlices, description).
+    items: list of (tensor or IndexedSlices, description); the tensors of
+      any floating dtype and shape.
     global_step: the global step tensor, or None.
   """
   with tf.name_scope('numeric_guard'):
-    finite = [tf.reduce_all(tf.math.is_finite(_values(t))) for t, _ in items]
+    values = [_values(t) for t, _ in items]
+    finite = [tf.reduce_all(tf.math.is_finite(v)) for v in values]
     all_finite = tf.reduce_all(tf.stack(finite))
 
     def raise_error():
-      lines = []
-      for (tensor, description), _ in zip(items, finite):
-        values = _values(tensor)
-        lines.append(tf.strings.join([
-            description, ' (', _count(tf.math.is_nan, values), ' NaN, ',
-            _count(tf.math.is_inf, values), ' Inf of ',
-            tf.strings.as_string(tf.size(values, out_type=tf.int64)),
-            ' values)']))
-      bad = tf.boolean_mask(tf.stack(lines),
-                            tf.logical_not(tf.stack(finite)))
+      # Every value in one float64 vector (exact for every float dtype),
+      # counted per item by segment, and the lines formatted as one string
+      # vector: a few ops per item rather than a dozen. The branch is built
+      # into every guarded step of every model (a ResNet-50 has 161
+      # gradients) and runs only when a check fails.
+      sizes = tf.stack([tf.size(v, out_type=tf.int64) for v in values])
+      flat = tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1])
+                        for v in values], 0)
+      item = tf.repeat(tf.range(len(values), dtype=tf.int64), sizes)
+
+      def count(predicate):
+        return tf.strings.as_string(tf.math.unsorted_segment_sum(
+            tf.cast(predicate(flat), tf.int64), item, len(values)))
+
+      lines = tf.strings.join([
+          tf.constant([description for _, description in items]), ' (',
+          count(tf.math.is_nan), ' NaN, ', count(tf.math.is_inf),
+          ' Inf of ', tf.strings.as_string(sizes), ' values)'])
+      bad = tf.boolean_mask(lines, tf.logical_not(tf.stack(finite)))
       step = ('?' if global_step is None else
               tf.strings.as_string(tf.cast(global_step, tf.int64)))
       message = tf.strings.join([

@@ -81,6 +81,38 @@ class NumericGuardTest(tf.test.TestCase):
     self.assertEqual(error.tensors[0], 'loss (1 NaN, 0 Inf of 1 values)')
     self.assertAllEqual(before, after)
 
+  def test_counts_per_tensor_of_any_shape_dtype_and_sparse_gradient(self):
+    with tf.Graph().as_default():
+      m = tf.compat.v1.placeholder(tf.float32, [3, 4])
+      e = tf.compat.v1.placeholder(tf.float32, [2, 2])
+      f = tf.compat.v1.placeholder(tf.bfloat16, [2])
+      with guards.numeric_guard():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable('w', [3, 4])
+        emb = tf.compat.v1.get_variable('emb', [5, 2])
+        h = tf.compat.v1.get_variable('h', [2], tf.bfloat16)
+        loss = (tf.reduce_sum(w * m) +
+                tf.reduce_sum(tf.gather(emb, [1, 3]) * e) +
+                tf.cast(tf.reduce_sum(h * f), tf.float32))
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        train_op = optimizer.minimize(loss, global_step=global_step)
+      grads = [g for g, _ in optimizer.compute_gradients(loss)]
+      self.assertIsInstance(grads[1], tf.IndexedSlices)
+      self.assertEqual(grads[2].dtype, tf.bfloat16)
+      bad_m = np.ones([3, 4], np.float32)
+      bad_m[0, 1] = bad_m[2, 3] = np.nan
+      bad_m[1, 0] = -np.inf
+      with self.session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        with self.assertRaises(tf.errors.InvalidArgumentError) as caught:
+          session.run(train_op, {m: bad_m, e: [[1.0, np.inf], [2.0, 3.0]],
+                                 f: np.array([np.nan, 1.0], np.float32)})
+    self.assertEqual(guards.translate_error(caught.exception).tensors, [
+        'loss (1 NaN, 0 Inf of 1 values)',
+        'gradient of w (2 NaN, 1 Inf of 12 values)',
+        'gradient of emb (0 NaN, 1 Inf of 4 values)',
+        'gradient of h (1 NaN, 0 Inf of 2 values)'])
+
   def test_gradients_spoiled_after_compute_are_named_as_applied(self):
     with tf.Graph().as_default():
       scale = tf.compat.v1.placeholder(tf.float32, [])
