@@ -118,10 +118,27 @@ TF_LATEST_DESELECT=(
   tests/compat/test_compat_backend.py::CrossVersionTest
   # The families differ in their model code, which test_resnet and
   # test_bert run here; the command's path (training, summaries, export
-  # through the compat backend) is every family's, and the MNIST MLP and
-  # CNN cases run it here.
+  # through the compat backend) is every family's, and the MNIST MLP case
+  # runs it here.
   tests/apps/test_train_cli.py::FamilyTrainingTest::test_{export_serves_float32,trains_evaluates_and_writes_summaries}_{resnet,bert}_{float32,bfloat16}
   tests/apps/test_train_cli.py::FamilyTrainingTest::test_bfloat16_eval_loss_close_to_float32_{resnet,bert}
+  # The CNN's path through the command is the MLP's; the command line's
+  # parsing and exit codes are the same code on both.
+  tests/apps/test_train_cli.py::FamilyTrainingTest::test_{export_serves_float32,trains_evaluates_and_writes_summaries}_mnist_cnn_{float32,bfloat16}
+  tests/apps/test_train_cli.py::FamilyTrainingTest::test_bfloat16_eval_loss_close_to_float32_mnist_cnn
+  tests/apps/test_train_cli.py::CommandLineTest
+  # Each style's graph (its ops' dtypes, its variables, one step updating
+  # every variable) is built here by StyleGraphTest; what training through
+  # the compat Estimator adds is the same loop for every style, so it runs
+  # for the Keras style only (tf-keras's layers are the style whose code
+  # differs most between the two TensorFlows).
+  tests/models/test_styles.py::StyleTrainingTest::test_{bfloat16_trains_like_float32,checkpoint_round_trip_float32_bfloat16_float32}{0,2,3}
+  # Parameter counts are the model's code, not TensorFlow's.
+  tests/models/test_resnet.py::ResNetTest::test_parameter_counts_match_published_networks
+  # The launcher forwards the signal with the same code on both; a chief
+  # that saves on SIGTERM through the compat loop is test_runner's
+  # LegacyProgramTest here, and a two-process compat job HungWorkerTest.
+  tests/distribute/test_multi_worker.py::LauncherSigtermTest
   # What --fit decides from a plan (nothing fits, model-parallel advice, a
   # TPU core's budget, no static batch) is the same code on every
   # TensorFlow; here a plan of this TensorFlow's graph is chosen from
