@@ -37,11 +37,17 @@ def command(model_dir, *, resnet_depth, image_size, batch):
           '--model_dir=' + model_dir]
 
 
+# Lines of a failed command's stderr shown with its exit code: the
+# command's own one-line reason and what led to it.
+FAILURE_TAIL_LINES = 15
+
+
 def time_command(argv, cwd=_REPO):
-  """Runs `argv` once; returns {'seconds', 'exit_code', 'result'}.
+  """Runs `argv` once; returns {'seconds', 'exit_code', 'result', 'tail'}.
 
   'result' is the command's last `result:` line (the check's verdict), or
-  None; stdout and stderr are kept from the terminal.
+  None; 'tail' its last FAILURE_TAIL_LINES lines of stderr. stdout and
+  stderr are kept from the terminal.
   """
   start = time.perf_counter()
   done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,
@@ -50,7 +56,8 @@ def time_command(argv, cwd=_REPO):
   results = [line for line in done.stderr.splitlines()
              if line.startswith('result:')]
   return {'seconds': seconds, 'exit_code': done.returncode,
-          'result': results[-1] if results else None}
+          'result': results[-1] if results else None,
+          'tail': done.stderr.splitlines()[-FAILURE_TAIL_LINES:]}
 
 
 FLAGS = flags.FLAGS
@@ -74,6 +81,9 @@ def main(argv):
                                            timed['exit_code'],
                                            timed['result']), flush=True)
     if timed['exit_code']:
+      print('the command failed; the end of what it printed:\n' +
+            '\n'.join('  ' + line for line in timed['tail']),
+            file=sys.stderr)
       return 1
     times.append(timed['seconds'])
   print('check %s on ResNet-%d, %d px, batch %d: median %.1f s of %d run(s)'

@@ -801,8 +801,13 @@ def test_check_time_builds_the_issue_command_and_times_a_child(tmp_path):
   for flag in args.program_args:
     assert flag[2:].split('=')[0] in options, flag
   child = [sys.executable, '-c',
-           'import sys; print("result: FAILED", file=sys.stderr); sys.exit(1)']
+           'import sys\nfor i in range(40): print("line %d" % i, '
+           'file=sys.stderr)\nprint("result: FAILED", file=sys.stderr)\n'
+           'sys.exit(1)']
   timed = check_time.time_command(child, cwd=str(tmp_path))
   assert timed['exit_code'] == 1
   assert timed['result'] == 'result: FAILED'
   assert timed['seconds'] > 0
+  # A failure shows its end, where the command says why.
+  assert timed['tail'] == ['line %d' % i for i in range(26, 40)] + [
+      'result: FAILED']
