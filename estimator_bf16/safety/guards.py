@@ -228,8 +228,8 @@ def _finite_check(items, global_step):
   """
   with tf.name_scope('numeric_guard'):
     values = [_values(t) for t, _ in items]
-    finite = [tf.reduce_all(tf.math.is_finite(v)) for v in values]
-    all_finite = tf.reduce_all(tf.stack(finite))
+    finite = tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+    all_finite = tf.reduce_all(finite)
 
     def raise_error():
       # Every value in one float64 vector (exact for every float dtype),
@@ -243,19 +243,20 @@ def _finite_check(items, global_step):
       sizes = tf.stack([tf.size(v, out_type=tf.int64) for v in values])
       flat = tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1])
                         for v in values], 0)
-      bounds = tf.concat([[0], tf.cumsum(sizes)], 0)
+      ends = tf.cumsum(sizes)
+      starts = ends - sizes
 
       def count(predicate):
         running = tf.concat(
             [[0], tf.cumsum(tf.cast(predicate(flat), tf.int64))], 0)
-        return tf.strings.as_string(tf.gather(running, bounds[1:]) -
-                                    tf.gather(running, bounds[:-1]))
+        return tf.strings.as_string(tf.gather(running, ends) -
+                                    tf.gather(running, starts))
 
       lines = tf.strings.join([
           tf.constant([description for _, description in items]), ' (',
           count(tf.math.is_nan), ' NaN, ', count(tf.math.is_inf),
           ' Inf of ', tf.strings.as_string(sizes), ' values)'])
-      bad = tf.boolean_mask(lines, tf.logical_not(tf.stack(finite)))
+      bad = tf.boolean_mask(lines, tf.logical_not(finite))
       step = ('?' if global_step is None else
               tf.strings.as_string(tf.cast(global_step, tf.int64)))
       message = tf.strings.join([
