@@ -5,8 +5,9 @@ Every `Estimator.train` writes the step's graph as text into its model_dir
 `training_util.write_graph`), and TensorFlow formats it with
 `google.protobuf.text_format`, which is pure Python: 4.6 s in 77 calls of
 88 s of training tests (test_styles, test_estimator, test_accumulation,
-timed without a profiler). With the upb protobuf backend (the one TensorFlow 2.15 and later install),
-`str(graph_def)` gives the same text format from C, about 10x faster. The
+timed without a profiler). With the upb protobuf backend (the one
+TensorFlow 2.15 and later install), `str(graph_def)` gives the same text
+format from C, about 10x faster. The
 two texts parse back to equal GraphDefs; only the order of the `attr` map
 entries differs. No test reads that order, and tests that read the file
 parse it (tests/runner/test_runner.py).
