@@ -420,6 +420,41 @@ class Tf1RunTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(json.load(f), {'value': 12.0, 'dim': 3})
     self.assertEqual(tf.executing_eagerly(), eager)
 
+  def test_tf1_15_imports_contrib_through_compat_v1_and_gfile_modules(self):
+    # TF 1.15 code (gpt2-ml) reaches tf.contrib through
+    # `tensorflow.compat.v1`, and TF 1.13 code (transformer-xl) imports
+    # `tensorflow.gfile` as a module; compat.v2 stays TensorFlow's own.
+    folder = self.create_tempdir().full_path
+    out = os.path.join(folder, 'out.json')
+    self._write(folder, 'tf1_gfile_helper.py', '''
+        import tensorflow as tf
+        from tensorflow.gfile import Exists as exists
+        import tensorflow.logging
+        ''')
+    program = self._write(folder, 'program.py', '''
+        import json, sys
+        import tensorflow.compat.v1 as tf
+        import tensorflow.compat.v2 as tf2
+        from tensorflow.compat import v1 as v1_again
+        import tf1_gfile_helper
+        config = tf.contrib.tpu.RunConfig(model_dir=sys.argv[1])
+        seen = {'run_config': config.model_dir == sys.argv[1],
+                'same_module': v1_again is tf and tf.compat.v1 is tf,
+                'v2_is_real': tf2 is sys.modules['tensorflow'].compat.v2,
+                'exists': tf1_gfile_helper.exists(sys.argv[1]),
+                'logging': tf1_gfile_helper.tensorflow.logging is tf.logging}
+        with open(sys.argv[2], 'w') as f:
+          json.dump(seen, f)
+        ''')
+    result, _ = self._run_quietly(program, [folder, out])
+    self.assertEqual(result.exit_code, 0, result.error)
+    self.assertTrue(result.tf1)
+    self.assertRegex(result.tf1_reason, r'program\.py:7: tf\.compat\.v1\.contrib')
+    with open(out) as f:
+      self.assertEqual(json.load(f), {
+          'run_config': True, 'same_module': True, 'v2_is_real': True,
+          'exists': True, 'logging': True})
+
   def test_bad_tf1_path_is_refused_before_anything_runs(self):
     folder = self.create_tempdir().full_path
     program = self._write(folder, 'program.py', 'import sys\n')
@@ -450,6 +485,18 @@ class DetectTest(tf.test.TestCase, parameterized.TestCase):
        'program.py:3: tf.get_variable'),
       ('compat_v1_is_tf2_code',
        'import tensorflow.compat.v1 as tf\nFLAGS = tf.flags.FLAGS\n', None),
+      ('contrib_through_compat_v1',
+       'import tensorflow.compat.v1 as tf\nFLAGS = tf.flags.FLAGS\n'
+       'c = tf.contrib.tpu.RunConfig\n',
+       'program.py:3: tf.compat.v1.contrib.tpu.RunConfig'),
+      ('contrib_through_from_compat',
+       'from tensorflow.compat import v1\nc = v1.contrib.tpu\n',
+       'program.py:2: tf.compat.v1.contrib.tpu'),
+      ('tf1_only_module_import',
+       'import tensorflow as tf\nfrom tensorflow.gfile import Exists\n',
+       'program.py:2: from tensorflow.gfile import Exists'),
+      ('compat_v2_module_is_tf2_code',
+       'from tensorflow.compat.v2 import io\nx = io.gfile\n', None),
       ('tf2_names_only', 'import tensorflow as tf\nx = tf.nn.relu\n'
        'y = tf.compat.v1.estimator\n', None),
       ('no_tensorflow', 'flags = None\nx = flags.DEFINE_string\n', None))

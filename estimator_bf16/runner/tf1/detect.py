@@ -2,12 +2,14 @@
 
 TF 1.x code says `import tensorflow as tf` and then uses names that TF 2's
 `tensorflow` lacks but `tf.compat.v1` has (`tf.flags`, `tf.logging`,
-`tf.train.Optimizer`, `tf.placeholder`), or `tf.contrib`. `detect` parses
-the program and, following its imports, the modules it loads from the
-given folders (nothing is executed), and returns the first such use it
-finds as the reason, e.g. `run_classifier.py:29: tf.flags`. A program that
-imports `tensorflow.compat.v1 as tf` is TF 2 code using the v1 API, and is
-left as it is.
+`tf.train.Optimizer`, `tf.placeholder`), or `tf.contrib`, or imports
+modules that only TF 1.x had (`from tensorflow.gfile import Exists`).
+`detect` parses the program and, following its imports, the modules it
+loads from the given folders (nothing is executed), and returns the first
+such use it finds as the reason, e.g. `run_classifier.py:29: tf.flags`. A
+program that imports `tensorflow.compat.v1 as tf` is TF 2 code using the
+v1 API, and is left as it is, unless it reaches `tf.contrib` through it:
+TensorFlow 1.15 had contrib there too, so such code is TF 1.x code.
 """
 
 import ast
@@ -18,6 +20,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+_COMPAT_V1 = 'tensorflow.compat.v1'
 
 @dataclasses.dataclass(frozen=True)
 class Detection:
@@ -57,6 +60,17 @@ def _is_tf1_only(names, cache):
   return cache[key]
 
 
+def _is_tf1_module(parts, cache):
+  """True if module `.`.join(parts) exists only in TF 1.x's `tensorflow`.
+
+  `tensorflow.contrib...`, and `tensorflow.gfile` and the like: TF 1.x made
+  these importable (`from tensorflow.gfile import Exists`); TF 2 has them
+  only as attributes of `tf.compat.v1`.
+  """
+  return (len(parts) > 1 and parts[0] == 'tensorflow' and
+          _is_tf1_only(parts[1:2], cache))
+
+
 def _chain(node):
   """(root name, [attr, ...]) of `a.b.c`, or (None, None)."""
   names = []
@@ -90,7 +104,8 @@ class _Reader(object):
         tree = ast.parse(f.read(), self.path)
     except (OSError, SyntaxError, ValueError):
       return self
-    aliases = set()
+    aliases = set()  # names bound to `tensorflow`
+    v1_aliases = set()  # names bound to `tensorflow.compat.v1`
     for node in ast.walk(tree):
       if isinstance(node, ast.Import):
         for alias in node.names:
@@ -99,13 +114,18 @@ class _Reader(object):
           self.imports += ['.'.join(parts[:i + 1]) for i in range(len(parts))]
           if alias.name == 'tensorflow':
             aliases.add(alias.asname or 'tensorflow')
-          elif alias.name.startswith('tensorflow.contrib'):
+          elif alias.name == _COMPAT_V1 and alias.asname:
+            v1_aliases.add(alias.asname)
+          elif _is_tf1_module(parts, self.cache):
             self._found(node, alias.name.replace('tensorflow', 'tf', 1))
       elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
         parts = node.module.split('.')
         self.imports += ['.'.join(parts[:i + 1]) for i in range(len(parts))]
         self.imports += ['%s.%s' % (node.module, a.name) for a in node.names]
-        if node.module.startswith('tensorflow.contrib') or (
+        if node.module == 'tensorflow.compat':
+          v1_aliases.update(a.asname or a.name for a in node.names
+                            if a.name == 'v1')
+        if _is_tf1_module(parts, self.cache) or (
             node.module == 'tensorflow' and
             any(a.name == 'contrib' for a in node.names)):
           self._found(node, 'from %s import %s' % (
@@ -115,6 +135,10 @@ class _Reader(object):
         root, names = _chain(node)
         if root in aliases and _is_tf1_only(names, self.cache):
           self._found(node, 'tf.' + '.'.join(names))
+        elif root in v1_aliases and names[0] == 'contrib':
+          # TF 1.15 had contrib under compat.v1 too (gpt2-ml's
+          # `import tensorflow.compat.v1 as tf` then `tf.contrib.tpu`).
+          self._found(node, 'tf.compat.v1.' + '.'.join(names))
     return self
 
 

@@ -4,7 +4,8 @@
 `estimator_bf16 run`: `tf.compat.v1` (whose names are the TF 1.x API:
 `tf.flags`, `tf.logging`, `tf.gfile`, `tf.train.Optimizer`, ...), plus
 `tf.contrib` mapped to its successors (`estimator_bf16.runner.tf1.contrib`).
-Anything `tf.compat.v1` lacks falls through to the real module.
+Anything `tf.compat.v1` lacks falls through to the real module. Its
+`compat.v1` is itself, as TF 1.15's had contrib.
 
 TF 1.x shapes: `tensor.shape[-1]` was a `Dimension` (`.value`), where TF 2
 gives an int. TensorFlow decides this per process
@@ -26,6 +27,19 @@ from estimator_bf16.platform import patching
 from estimator_bf16.runner.tf1 import contrib as contrib_lib
 
 
+class _Tf1Compat(types.ModuleType):
+  """`tf.compat` of TF 1.x code: `v1` is that code's `tensorflow` again."""
+
+  def __init__(self, tf1):
+    super().__init__('tensorflow.compat', 'tf.compat, with v1 the TF 1.x '
+                     'API of estimator_bf16 (tf.compat.v1 and tf.contrib).')
+    # TF 1.15 code reaches contrib through `tensorflow.compat.v1`.
+    self.v1 = tf1
+
+  def __getattr__(self, name):
+    return getattr(tf.compat, name)
+
+
 class Tf1Module(types.ModuleType):
   """The `tensorflow` module of TF 1.x code: compat.v1 plus contrib."""
 
@@ -33,6 +47,7 @@ class Tf1Module(types.ModuleType):
     super().__init__('tensorflow', 'TensorFlow 1.x API (tf.compat.v1 and '
                      'a mapped tf.contrib), from estimator_bf16.')
     self.contrib = contrib_lib.contrib()
+    self.compat = _Tf1Compat(self)
 
   def __getattr__(self, name):
     try:
@@ -41,7 +56,7 @@ class Tf1Module(types.ModuleType):
       return getattr(tf, name)
 
   def __dir__(self):
-    return sorted(set(dir(tf.compat.v1)) | {'contrib'})
+    return sorted(set(dir(tf.compat.v1)) | {'contrib', 'compat'})
 
 
 def _v1_shapes_property(original):

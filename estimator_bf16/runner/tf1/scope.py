@@ -23,10 +23,14 @@ All of it is undone on exit.
 """
 
 import builtins as builtins_module
+import functools
 import importlib.abc
 import importlib.machinery
 import os
 import sys
+import types
+
+import tensorflow as tf
 
 import estimator_bf16
 from estimator_bf16.runner.tf1.detect import detect as detect_tf1
@@ -46,9 +50,20 @@ _INSTALLATION_DIRS = tuple(sorted({
 
 
 def _tf1_target(tf1, name, fromlist):
-  """What `import NAME` gives TF 1.x code; None to import it for real."""
+  """What `import NAME` gives TF 1.x code; None to import it for real.
+
+  `tensorflow` itself, and the modules TF 1.x had under it that TF 2 has
+  not (`tensorflow.contrib...`, `tensorflow.gfile`), come from `tf1`; so
+  does `tensorflow.compat` (`tf1.compat.v1` is `tf1`, the rest of it is
+  TensorFlow's), as TF 1.15 code reaches `tf.contrib` through
+  `tensorflow.compat.v1`. Everything else (`tensorflow.python...`,
+  `tensorflow.compat.v2...`) is imported for real.
+  """
   parts = name.split('.')
-  if parts[0] != 'tensorflow' or (len(parts) > 1 and parts[1] != 'contrib'):
+  if parts[0] != 'tensorflow':
+    return None
+  if len(parts) > 1 and not _tf1_only_module(parts[1]) and not (
+      parts[1:3] in (['compat'], ['compat', 'v1'])):
     return None
   node = tf1
   # Walk the whole path even for a plain `import tensorflow.contrib.x`, so
@@ -56,6 +71,22 @@ def _tf1_target(tf1, name, fromlist):
   for part in parts[1:]:
     node = getattr(node, part)
   return node if fromlist else tf1
+
+
+@functools.lru_cache(maxsize=None)
+def _tf1_only_module(name):
+  """True if only TF 1.x could import `tensorflow.NAME`.
+
+  `contrib`, which `module.Tf1Module` adds, and the modules of
+  `tf.compat.v1` that TF 2's `tensorflow` lacks (gfile, logging, flags,
+  ...). Asked per name, as imports come: reading every name of
+  `tf.compat.v1` would load its lazy modules (Keras, the Estimator).
+  """
+  if name == 'contrib':
+    return True
+  if name.startswith('_') or hasattr(tf, name):
+    return False
+  return isinstance(getattr(tf.compat.v1, name, None), types.ModuleType)
 
 
 def _make_builtins(tf1):
