@@ -175,7 +175,9 @@ def wrap_input_fn(input_fn, precision, exclude=()):
     An input_fn. Under `'bfloat16'`, a returned `tf.data.Dataset` gets a
     `map` that casts the features (the dataset-parser cast: the infeed
     carries half the bytes); returned tensors are cast directly. Labels are
-    never cast. For `'float32'` this is `input_fn` itself.
+    never cast. For `'float32'` this is `input_fn` itself, or, once the
+    program has imported tf_slim, `input_fn` with tf-slim's repair
+    (`platform.slim_repair`) in force while it runs.
 
   Raises:
     ValueError: bad `precision`.
@@ -184,12 +186,18 @@ def wrap_input_fn(input_fn, precision, exclude=()):
   """
   precision = precision_lib.parse_precision(precision)
   signature = calling.offered_signature(input_fn, 'input_fn')
+  # tf-slim's data decoders are broken on TensorFlow 2.15+ as its
+  # batch_norm is (platform/slim_repair.py): repaired while the input_fn
+  # builds, in either precision. Without tf_slim imported, float32 keeps
+  # `input_fn` itself.
   if not precision.bfloat16:
-    return input_fn
+    return slim_repair.with_tf_slim_repaired(input_fn, signature)
 
   @functools.wraps(input_fn)
   def bfloat16_input_fn(*args, **kwargs):
-    return _cast_input_result(input_fn(*args, **kwargs), precision, exclude)
+    with slim_repair.tf_slim_repaired():
+      result = input_fn(*args, **kwargs)
+    return _cast_input_result(result, precision, exclude)
 
   bfloat16_input_fn.__signature__ = signature
   return bfloat16_input_fn

@@ -1,7 +1,8 @@
-"""Repairs that let tf-slim 1.1.0 layers run on TensorFlow 2.15 and later.
+"""Repairs that let tf-slim 1.1.0 run on TensorFlow 2.15 and later.
 
-Two breaks stop every default `tf_slim.batch_norm` call, in float32 as in
-bfloat16, so a tf-slim model could not be built at all:
+Breaks in tf-slim's use of TensorFlow internals stop every default
+`tf_slim.batch_norm` call, and tf-slim's data decoders, in float32 as in
+bfloat16:
 
 1. `tf_slim.batch_norm` builds its unfused layer from
    `tensorflow.python.layers.normalization`, which TensorFlow 2.15+ loads
@@ -10,17 +11,23 @@ bfloat16, so a tf-slim model could not be built at all:
    `keras.src.legacy_tf_layers`), and tf-keras keeps it in
    `tf_keras.src.legacy_tf_layers`. That lazy module is pointed at the one
    `tf.compat.v1.layers.BatchNormalization` comes from.
-2. tf-slim's fused path (and `optimize_loss`, `learning`) tests
-   `isinstance(x, ops.Tensor)`, but `tensorflow.python.framework.ops` has no
-   `Tensor` since TensorFlow 2.14. Those tf-slim modules get a view of `ops`
-   that has it (`tf.Tensor`); TensorFlow's own `ops` module is not touched.
+2. tf-slim modules read names that TensorFlow's internal modules no longer
+   have: `ops.Tensor` and `ops.IndexedSlices` (gone from
+   `tensorflow.python.framework.ops` since TensorFlow 2.14; batch_norm's
+   fused path, `optimize_loss`, `learning`), and `control_flow_ops.cond`,
+   `.case`, `.while_loop` and `.Assert` (moved to modules of their own; the
+   image decoder of `tf_slim.data.tfexample_decoder`, which tensorflow/tpu's
+   detection programs parse COCO records with, `smart_cond`, streaming
+   metrics). Those tf-slim modules get a view of the module that has the
+   missing names (their public `tf.compat.v1` twins); TensorFlow's own
+   modules are not touched.
 
 The repair changes modules the package does not own, so it is scoped, not
 permanent: `tf_slim_repaired()` applies it (through a `patching.Patcher`)
-only while a model_fn builds its graph and only when the program has
-imported tf_slim, and the last user's exit puts every swapped attribute
-back. Code outside a wrapped model_fn sees TensorFlow and tf-slim as they
-are. Nothing is changed where nothing is broken.
+only while a model_fn or an input_fn builds its graph and only when the
+program has imported tf_slim, and the last user's exit puts every swapped
+attribute back. Code outside a wrapped model_fn or input_fn sees TensorFlow
+and tf-slim as they are. Nothing is changed where nothing is broken.
 """
 
 import contextlib
@@ -39,12 +46,31 @@ _BROKEN_PATH = 'tf_keras.legacy_tf_layers.normalization'
 # Where Keras 2 keeps the legacy layer, by distribution.
 _CANDIDATES = ('tf_keras.src.legacy_tf_layers.normalization',
                'keras.src.legacy_tf_layers.normalization')
-# tf-slim modules and the global name under which each holds TensorFlow's
-# `ops` module.
-_SLIM_OPS_USERS = (('tf_slim.layers.utils', 'ops'),
-                   ('tf_slim.layers.optimizers', 'ops'),
-                   ('tf_slim.learning', 'ops'),
-                   ('tf_slim.layers.rev_block_lib', 'framework_ops'))
+# The names tf-slim reads from TensorFlow's internal modules that those
+# modules lost, each with its public twin.
+_FRAMEWORK_OPS_NAMES = {'Tensor': lambda: tf.Tensor,
+                        'IndexedSlices': lambda: tf.IndexedSlices}
+_CONTROL_FLOW_NAMES = {'cond': lambda: tf.compat.v1.cond,
+                       'case': lambda: tf.compat.v1.case,
+                       'while_loop': lambda: tf.compat.v1.while_loop,
+                       'Assert': lambda: tf.compat.v1.Assert}
+# tf-slim modules, the global name under which each holds a TensorFlow
+# module, and the names to give that module's view.
+_SLIM_VIEWS = (
+    ('tf_slim.layers.utils', 'ops', _FRAMEWORK_OPS_NAMES),
+    ('tf_slim.layers.optimizers', 'ops', _FRAMEWORK_OPS_NAMES),
+    ('tf_slim.learning', 'ops', _FRAMEWORK_OPS_NAMES),
+    ('tf_slim.training.training', 'ops', _FRAMEWORK_OPS_NAMES),
+    ('tf_slim.layers.rev_block_lib', 'framework_ops', _FRAMEWORK_OPS_NAMES),
+    ('tf_slim.layers.utils', 'control_flow_ops', _CONTROL_FLOW_NAMES),
+    ('tf_slim.data.tfexample_decoder', 'control_flow_ops',
+     _CONTROL_FLOW_NAMES),
+    ('tf_slim.metrics.metric_ops', 'control_flow_ops', _CONTROL_FLOW_NAMES),
+    ('tf_slim.metrics.histogram_ops', 'control_flow_ops',
+     _CONTROL_FLOW_NAMES),
+    ('tf_slim.losses.metric_learning', 'control_flow_ops',
+     _CONTROL_FLOW_NAMES),
+)
 
 
 def _importable(name):
@@ -82,18 +108,23 @@ def _repair_normalization():
   return []
 
 
-def _repair_ops_tensor():
-  """Gives tf-slim's `ops` users a view with `Tensor`; returns undo entries."""
+def _repair_views():
+  """Gives tf-slim modules views with the names they miss; returns undo."""
   undo = []
-  for module_name, attribute in _SLIM_OPS_USERS:
+  for module_name, attribute, names in _SLIM_VIEWS:
     module = sys.modules.get(module_name)
-    ops = getattr(module, attribute, None)
-    if ops is None or hasattr(ops, 'Tensor'):
+    held = getattr(module, attribute, None)
+    if held is None:
       continue
-    view = types.ModuleType(ops.__name__, ops.__doc__)
-    view.__dict__.update(vars(ops))
-    view.Tensor = tf.Tensor
-    undo.append((module, attribute, ops))
+    missing = {name: twin for name, twin in names.items()
+               if not hasattr(held, name)}
+    if not missing:
+      continue
+    view = types.ModuleType(held.__name__, held.__doc__)
+    view.__dict__.update(vars(held))
+    for name, twin in missing.items():
+      setattr(view, name, twin())
+    undo.append((module, attribute, held))
     setattr(module, attribute, view)
   return undo
 
@@ -101,16 +132,16 @@ def _repair_ops_tensor():
 def _swap():
   """Applies both repairs; returns the undo list for the Patcher.
 
-  The swaps exist because tf-slim's batch_norm cannot build on TensorFlow
-  2.15+ without them (see the module doc); they are undone when the last
-  `tf_slim_repaired()` exits.
+  The swaps exist because tf-slim's batch_norm and decoders cannot build
+  on TensorFlow 2.15+ without them (see the module doc); they are undone
+  when the last `tf_slim_repaired()` exits.
   """
-  for module_name, _ in _SLIM_OPS_USERS:
+  for module_name, _, _ in _SLIM_VIEWS:
     _importable(module_name)
   undo = []
   try:
     undo.extend(_repair_normalization())
-    undo.extend(_repair_ops_tensor())
+    undo.extend(_repair_views())
   except Exception:
     patching.restore(undo)
     raise
@@ -141,16 +172,17 @@ def tf_slim_repaired():
     yield
 
 
-def with_tf_slim_repaired(fn):
+def with_tf_slim_repaired(fn, signature=None):
   """`fn`, with the tf-slim repair in force while each call runs.
 
   Args:
-    fn: a model_fn (any callable).
+    fn: a model_fn or input_fn (any callable).
+    signature: the `inspect.Signature` the result shows (Estimators read it
+      to decide what to pass); default `fn`'s own.
 
   Returns:
     `fn` itself when tf_slim is not imported; else a function taking the
-    same arguments (it shows `fn`'s signature, which Estimators read to
-    decide what to pass) that calls `fn` inside `tf_slim_repaired()`.
+    same arguments that calls `fn` inside `tf_slim_repaired()`.
   """
   if not tf_slim_loaded():
     return fn
@@ -160,5 +192,6 @@ def with_tf_slim_repaired(fn):
     with tf_slim_repaired():
       return fn(*args, **kwargs)
 
-  repaired.__signature__ = inspect.signature(fn)
+  repaired.__signature__ = (inspect.signature(fn) if signature is None else
+                            signature)
   return repaired

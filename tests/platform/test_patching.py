@@ -2,15 +2,18 @@
 
 `platform.patching.Patcher` serves every place that changes TensorFlow's
 (or tf-slim's) attributes; the tf-slim repair is one of them, applied only
-while a model_fn builds.
+while a model_fn or an input_fn builds.
 """
 
 import sys
 import threading
 import types
 
+from absl.testing import parameterized
+import numpy as np
 import tensorflow as tf
 import tf_slim  # pylint: disable=unused-import  (the repair needs it loaded)
+from tf_slim.data import tfexample_decoder
 
 import estimator_bf16 as eb
 from estimator_bf16.platform import patching
@@ -134,7 +137,7 @@ class PatcherTest(tf.test.TestCase):
     self.assertEqual(patcher.users, ())
 
 
-class SlimRepairTest(tf.test.TestCase):
+class SlimRepairTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_the_repair_is_in_force_only_while_a_build_runs(self):
     utils = sys.modules['tf_slim.layers.utils']
@@ -161,3 +164,45 @@ class SlimRepairTest(tf.test.TestCase):
     # Nothing of the repair is left once the model_fn returned.
     self.assertIsNot(sys.modules['tf_slim.layers.utils'].ops, seen['ops'])
 
+  @parameterized.parameters('float32', 'bfloat16')
+  def test_slim_image_decoder_builds_in_a_wrapped_input_fn(self, precision):
+    # tensorflow/tpu's detection programs parse COCO records with it; its
+    # image handler calls control_flow_ops.case and .cond, which
+    # TensorFlow 2.15+ keeps elsewhere.
+    image = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+      png = session.run(tf.io.encode_png(image))
+    example = tf.train.Example(features=tf.train.Features(feature={
+        'image/encoded': tf.train.Feature(
+            bytes_list=tf.train.BytesList(value=[png])),
+        'image/format': tf.train.Feature(
+            bytes_list=tf.train.BytesList(value=[b'png']))}))
+    seen = {}
+
+    def input_fn(params):
+      del params
+      decoder = tfexample_decoder.TFExampleDecoder(
+          {'image/encoded': tf.io.FixedLenFeature((), tf.string),
+           'image/format': tf.io.FixedLenFeature((), tf.string)},
+          {'image': tfexample_decoder.Image(shape=[4, 5, 3])})
+      seen['control_flow'] = tfexample_decoder.control_flow_ops
+
+      def parse(serialized):
+        decoded, = decoder.decode(serialized, ['image'])
+        return {'image': tf.cast(decoded, tf.float32)}
+
+      return tf.data.Dataset.from_tensors(
+          example.SerializeToString()).map(parse)
+
+    wrapped = eb.wrap_input_fn(input_fn, precision)
+    with tf.Graph().as_default():
+      features = tf.compat.v1.data.make_one_shot_iterator(
+          wrapped(params={})).get_next()
+      with tf.compat.v1.Session() as session:
+        decoded = session.run(features['image'])
+    self.assertEqual(features['image'].dtype, tf.as_dtype(precision))
+    self.assertAllEqual(np.asarray(decoded, np.float32), image)
+    self.assertIs(seen['control_flow'].case, tf.compat.v1.case)
+    # Nothing of the repair is left once the input_fn returned.
+    self.assertIsNot(tfexample_decoder.control_flow_ops,
+                     seen['control_flow'])
