@@ -71,6 +71,12 @@ TPU = 'tensorflow/tpu'
 # Its program folders, the default where a caller names none.
 _TPU_FOLDERS = corpus_recipes.source_for(TPU).folders
 _SHARE_METRICS = re.compile(r'acc|top_?\d|precision|recall|auc', re.I)
+# COCO's average precision and recall (AP, AP50, APs, ARmax100, ...): shares
+# too. Case matters: 'ap' and 'ar' start other names.
+_COCO_SHARES = re.compile(r'^(AP|AR)')
+# Where an installed library's file sits: a failure's reason names the
+# file from the library on, not this machine's interpreter folders.
+_LIBRARY_PREFIX = re.compile(r'[^\s(]*/(?:site|dist)-packages/')
 _PROGRAM_MARKERS = ('TPUEstimator(',)
 _MAIN_MARKERS = ('app.run(', "__name__ == '__main__'",
                  '__name__ == "__main__"')
@@ -201,8 +207,8 @@ def metric_problems(reference, report, values=True):
                                                            expected_dtype))
     if key == 'global_step' or not values:
       continue
-    scale = (1.0 if _SHARE_METRICS.search(key) else
-             max(abs(value), abs(expected), 1e-6))
+    share = _SHARE_METRICS.search(key) or _COCO_SHARES.match(key)
+    scale = 1.0 if share else max(abs(value), abs(expected), 1e-6)
     # Written so that NaN (a diverged run) is never within tolerance.
     if not (math.isfinite(value) and
             abs(value - expected) <= METRIC_TOLERANCE * scale):
@@ -321,6 +327,11 @@ def _flag_name(flag):
 
 
 def _reason(stderr):
+  """The line of a failed run that says why, library paths shortened."""
+  return _LIBRARY_PREFIX.sub('', _why(stderr))
+
+
+def _why(stderr):
   """The line of a failed run that says why."""
   lines = [l.strip() for l in stderr.splitlines() if l.strip()]
   for line in reversed(lines):

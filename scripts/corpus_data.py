@@ -1,10 +1,10 @@
 """The synthetic data of the corpus recipes, written in each program's format.
 
 `write_data(kind, folder)` writes what a recipe's `data` names: a few
-records or text files in the format the program reads (JPEG or MNIST
-TFRecords, BERT-style vocabularies, configs, classifier and pretraining
-files), small enough for a CPU run of seconds. Everything is generated
-here from fixed seeds; nothing is downloaded.
+records or text files in the format the program reads (JPEG, MNIST or
+COCO detection TFRecords, COCO's json, BERT-style vocabularies, configs,
+classifier and pretraining files), small enough for a CPU run of seconds.
+Everything is generated here from fixed seeds; nothing is downloaded.
 """
 
 import json
@@ -291,8 +291,136 @@ def _causal_lm_files(folder):
   _write_examples(os.path.join(folder, 'lm.tfrecord'), records)
 
 
+def _encode_images(images, png=False):
+  """JPEG (or PNG) bytes of uint8 [H, W, C] arrays.
+
+  In a graph and session of their own, so that this works whether or not
+  the caller runs eagerly.
+  """
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  # pylint: enable=g-import-not-at-top
+  with tf.Graph().as_default():
+    placeholder = tf.compat.v1.placeholder(tf.uint8, [None, None, None])
+    encode = (tf.io.encode_png(placeholder) if png else
+              tf.io.encode_jpeg(placeholder, quality=95))
+    with tf.compat.v1.Session() as session:
+      return [session.run(encode, {placeholder: image}) for image in images]
+
+
+def _bytes_feature(values):
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  # pylint: enable=g-import-not-at-top
+  return tf.train.Feature(bytes_list=tf.train.BytesList(value=list(values)))
+
+
+# The COCO records' images: square, and as large as RetinaNet's smallest
+# `image_size` (a multiple of 2**max_level, 128), so nothing is rescaled.
+COCO_IMAGE_SIZE = 128
+# Their classes: COCO's ids start at 1; 1..20 are also valid pixel classes
+# of the segmentation variant (21 classes with background 0).
+COCO_CLASSES = 20
+
+
+def _coco_images(rng, count, first_id):
+  """`count` random images with 1-3 boxes each, as COCO annotations.
+
+  Args:
+    rng: the np.random.RandomState that draws pixels and boxes.
+    count: how many images.
+    first_id: the first image's id (`image/source_id`); the others follow.
+
+  Returns:
+    (records, images, annotations): the tf.Example features of each image,
+    and its COCO json entries (boxes in absolute [x, y, width, height]).
+  """
+  size = COCO_IMAGE_SIZE
+  pixels = [rng.randint(0, 256, size=(size, size, 3)).astype(np.uint8)
+            for _ in range(count)]
+  masks, records, images, annotations = [], [], [], []
+  for index in range(count):
+    image_id = first_id + index
+    mask = np.zeros((size, size, 1), np.uint8)
+    boxes = []
+    for _ in range(rng.randint(1, 4)):
+      # Whole pixels, 16 to 64 a side: about the size of RetinaNet's
+      # smallest anchors (32 pixels at level 3); its matcher gives every
+      # box at least one anchor, so each image has positives.
+      width, height = rng.randint(16, 65, size=2)
+      x0 = rng.randint(0, size - width + 1)
+      y0 = rng.randint(0, size - height + 1)
+      label = int(rng.randint(1, COCO_CLASSES + 1))
+      boxes.append((x0, y0, int(width), int(height), label))
+      mask[y0:y0 + height, x0:x0 + width] = label
+      # A box of the label's colour helps a few steps learn something.
+      pixels[index][y0:y0 + height, x0:x0 + width] = (label * 12) % 256
+    masks.append(mask)
+    images.append({'id': image_id, 'file_name': '%012d.jpg' % image_id,
+                   'height': size, 'width': size})
+    for x0, y0, width, height, label in boxes:
+      annotations.append({
+          'id': len(annotations) + 1, 'image_id': image_id,
+          'category_id': label, 'bbox': [x0, y0, width, height],
+          'area': float(width * height), 'iscrowd': 0})
+    records.append({
+        'image/source_id': _bytes_feature([str(image_id).encode()]),
+        'image/filename': _bytes_feature([images[-1]['file_name'].encode()]),
+        'image/format': _bytes_feature([b'jpeg']),
+        'image/height': _int_feature([size]),
+        'image/width': _int_feature([size]),
+        'image/object/bbox/xmin': _float_feature(
+            [b[0] / size for b in boxes]),
+        'image/object/bbox/xmax': _float_feature(
+            [(b[0] + b[2]) / size for b in boxes]),
+        'image/object/bbox/ymin': _float_feature(
+            [b[1] / size for b in boxes]),
+        'image/object/bbox/ymax': _float_feature(
+            [(b[1] + b[3]) / size for b in boxes]),
+        'image/object/class/label': _int_feature([b[4] for b in boxes]),
+        'image/object/class/text': _bytes_feature(
+            [b'class%d' % b[4] for b in boxes]),
+        'image/object/area': _float_feature([b[2] * b[3] for b in boxes]),
+        'image/object/is_crowd': _int_feature([0] * len(boxes)),
+        'image/segmentation/class/format': _bytes_feature([b'png'])})
+  for record, jpeg, png in zip(records, _encode_images(pixels),
+                               _encode_images(masks, png=True)):
+    record['image/encoded'] = _bytes_feature([jpeg])
+    record['image/segmentation/class/encoded'] = _bytes_feature([png])
+  return records, images, annotations
+
+
+def _coco_files(folder):
+  """Writes COCO detection records and their json into `folder`.
+
+  The tf.Example format of tensorflow/tpu's object detection
+  (`create_coco_tf_record.py`'s keys; boxes normalized to [0, 1]):
+  `train.tfrecord` (16 images) and `val.tfrecord` (8), each image
+  `COCO_IMAGE_SIZE` square with 1-3 boxes of classes 1..`COCO_CLASSES`,
+  and `instances_val.json`, the validation images' annotations in COCO's
+  json (ids = the records' `image/source_id`). The records also carry a
+  PNG class map of the boxes (`image/segmentation/class/encoded`, 0 is
+  background), which the segmentation variant reads.
+  """
+  rng = np.random.RandomState(12)
+  train, _, _ = _coco_images(rng, 16, first_id=1)
+  _write_examples(os.path.join(folder, 'train.tfrecord'), train)
+  # Ids other than the training images', as in COCO's own splits.
+  val, images, annotations = _coco_images(rng, 8, first_id=101)
+  _write_examples(os.path.join(folder, 'val.tfrecord'), val)
+  with open(os.path.join(folder, 'instances_val.json'), 'w') as f:
+    # `info` and `licenses` as in COCO's own files: pycocotools' loadRes
+    # copies `info` into the detections' dataset.
+    json.dump({'info': {'description': 'corpus synthetic COCO',
+                        'version': '1.0', 'year': 2018},
+               'licenses': [], 'images': images, 'annotations': annotations,
+               'categories': [{'id': i, 'name': 'class%d' % i,
+                               'supercategory': 'none'}
+                              for i in range(1, COCO_CLASSES + 1)]}, f)
+
+
 _WRITERS = {'bert': _bert_files, 'electra': _electra_files,
-            'causal_lm': _causal_lm_files,
+            'causal_lm': _causal_lm_files, 'coco': _coco_files,
             'uda_text': _uda_text_files, 'uda_image': _uda_image_files}
 
 

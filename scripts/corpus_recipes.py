@@ -21,6 +21,7 @@ import dataclasses
 import json
 from typing import Optional, Tuple
 
+from scripts.corpus_data import COCO_IMAGE_SIZE
 from scripts.corpus_data import MAX_PREDICTIONS
 from scripts.corpus_data import SEQ_LENGTH
 from scripts.corpus_data import VOCAB_SIZE
@@ -39,7 +40,9 @@ class Recipe:
     data: 'none', 'imagenet' (JPEG TFRecords `train-*` / `validation-*`,
       labels 1..10 with ImageNet's 1-based convention), 'mnist'
       (`train.tfrecords` / `validation.tfrecords` / `test.tfrecords`),
-      'cifar' (`train.tfrecords` of raw 32x32x3 images), or for the other
+      'cifar' (`train.tfrecords` of raw 32x32x3 images), 'coco' (detection
+      records `train.tfrecord` / `val.tfrecord` and `instances_val.json`,
+      for pycocotools: requirements-corpus.txt), or for the other
       repositories 'bert', 'electra', 'uda_text', 'uda_image' (what their
       writers below say).
     skip: if set, why the program is listed but not run.
@@ -73,11 +76,33 @@ _INCEPTION = ('--tpu=', '--use_tpu=false', '--model_dir={model_dir}',
 # newest checkpoint, then stop (mobilenet waits `eval_timeout` seconds for
 # another, at least `min_eval_interval` after the last).
 _EVAL_MODE = ('--mode=eval', '--eval_timeout=1', '--min_eval_interval=0')
-_COCO = ('needs COCO-format TFRecords with box annotations, a COCO json and '
-         'pycocotools; no recipe writes them yet')
+_COCO = ('reads COCO-format TFRecords and pycocotools; not given a recipe '
+         'yet (the coco writer has boxes and class maps, no instance masks)')
 _EXPORT = ('exports a trained checkpoint as a SavedModel: no training or '
            'evaluation to compare')
 _TPU_ONLY = 'hard-codes use_tpu=True (TPU embedding / no use_tpu flag)'
+
+# RetinaNet: ResNet-18, 128-pixel images (a multiple of 2**max_level),
+# `--mode=train` up to max_steps = num_epochs x num_examples_per_epoch /
+# train_batch_size = 4, then one `--eval_after_training` (so a rerun on
+# the float32 checkpoint trains no step and evaluates those weights):
+# `estimator.evaluate` with pycocotools on the json at 1fe0a9b8 (batch 1,
+# `--eval_steps`), `predict` + pycocotools at the later commits
+# (`--eval_samples`). No pretrained ResNet (`--resnet_checkpoint=` empty:
+# no network). At 7dc921f8 and 862434aa the program itself fails on the
+# CPU: its TPUEstimator model_fn reads params['auto_mixed_precision'],
+# which main sets only for Estimator (KeyError building the train graph).
+_RETINANET = _OFF_TPU + (
+    '--model_dir={model_dir}', '--resnet_checkpoint=', '--mode=train',
+    '--eval_after_training=true',
+    '--training_file_pattern={data_dir}/train.tfrecord',
+    '--validation_file_pattern={data_dir}/val.tfrecord',
+    '--val_json_file={data_dir}/instances_val.json',
+    '--hparams=image_size=%d,resnet_depth=18,use_bfloat16=false' %
+    COCO_IMAGE_SIZE, '--train_batch_size=8', '--eval_batch_size=8',
+    '--eval_samples=8', '--eval_steps=8', '--num_epochs=1',
+    '--num_examples_per_epoch=32', '--iterations_per_loop=2',
+    '--num_shards=8', '--add_warmup_requests=false')
 
 # Program paths (under the repository root) -> a recipe, or {commit prefix:
 # recipe} with a 'default' key when flags differ between commits. Sources:
@@ -179,9 +204,13 @@ RECIPES = {
     'models/experimental/deeplab/main.py': Recipe(
         skip='needs tensorflow/models research/deeplab and slim on the path '
         'and PASCAL-format segmentation records'),
-    'models/official/retinanet/retinanet_main.py': Recipe(skip=_COCO),
+    'models/official/retinanet/retinanet_main.py': Recipe(
+        _RETINANET, 'coco'),
+    # The 'coco' records carry its PNG class maps too, but its main builds
+    # the RunConfig from a resolver it only sets with --use_tpu=true.
     'models/official/retinanet/retinanet_segmentation_main.py': Recipe(
-        skip=_COCO),
+        skip="with --use_tpu=false its main reads tpu_cluster_resolver, "
+        'never set (UnboundLocalError before any Estimator): TPU only'),
     'models/official/mask_rcnn/mask_rcnn_main.py': Recipe(skip=_COCO),
     'models/official/mask_rcnn/distributed_executer.py': Recipe(skip=_COCO),
     'models/official/detection/main.py': Recipe(skip=_COCO),

@@ -16,9 +16,11 @@ import sys
 import textwrap
 from unittest import mock
 
+import numpy as np
 import tensorflow as tf
 
 from scripts import corpus
+from scripts import corpus_data
 from scripts import corpus_recipes
 
 _TINY = '''
@@ -231,6 +233,13 @@ class CorpusPartsTest(tf.test.TestCase):
     self.assertEqual(corpus.metric_problems(reference, bf16(0.5, 4.0),
                                             values=False), [])
     self.assertEqual(corpus.metric_problems(reference, {}), ['no evaluation'])
+    # COCO's AP and AR are shares: near zero after a few steps, they differ
+    # by little in absolute terms and a lot relative to their size.
+    coco = {'evaluations': [{'AP50': [0.0004, 'float32'],
+                             'ARmax10': [0.0, 'float32']}]}
+    coco_bf16 = {'evaluations': [{'AP50': [0.025, 'float32'],
+                                  'ARmax10': [0.02, 'float32']}]}
+    self.assertEqual(corpus.metric_problems(coco, coco_bf16), [])
     # A diverged run is never close.
     self.assertIn('eval loss nan', corpus.metric_problems(
         reference, bf16(0.5, float('nan')))[0])
@@ -301,6 +310,60 @@ class CorpusPartsTest(tf.test.TestCase):
                        '\n\nnewer\n\n' + corpus.END_MARK + '\nMore.\n' +
                        corpus.OTHERS_MARK + '\n\nothers\n')
 
+  def test_the_coco_records_and_json_agree(self):
+    folder = self.create_tempdir().full_path
+    corpus_data.write_data('coco', folder)
+    source_ids = {}
+    for split in ('train', 'val'):
+      path = os.path.join(folder, split + '.tfrecord')
+      source_ids[split] = []
+      # Read without eager execution, which other test modules of the
+      # process may have turned off.
+      for record in tf.compat.v1.io.tf_record_iterator(path):
+        feature = tf.train.Example.FromString(record).features.feature
+        for key in ('image/encoded', 'image/source_id', 'image/height',
+                    'image/width', 'image/object/class/label',
+                    'image/object/area', 'image/object/is_crowd',
+                    'image/segmentation/class/encoded'):
+          self.assertIn(key, feature)
+        size = corpus_data.COCO_IMAGE_SIZE
+        self.assertEqual(feature['image/height'].int64_list.value, [size])
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+          pixels = session.run(tf.io.decode_jpeg(
+              feature['image/encoded'].bytes_list.value[0]))
+        self.assertEqual(pixels.shape, (size, size, 3))
+        box = {side: np.array(feature['image/object/bbox/' + side]
+                              .float_list.value)
+               for side in ('xmin', 'ymin', 'xmax', 'ymax')}
+        labels = feature['image/object/class/label'].int64_list.value
+        self.assertBetween(len(labels), 1, 3)
+        for side in box.values():
+          self.assertLen(side, len(labels))
+          self.assertTrue(np.all((side >= 0) & (side <= 1)), side)
+        self.assertTrue(np.all(box['xmin'] < box['xmax']))
+        self.assertTrue(np.all(box['ymin'] < box['ymax']))
+        self.assertTrue(all(1 <= label <= corpus_data.COCO_CLASSES
+                            for label in labels))
+        source_ids[split].append(
+            int(feature['image/source_id'].bytes_list.value[0]))
+    with open(os.path.join(folder, 'instances_val.json')) as f:
+      coco = json.load(f)
+    # pycocotools finds each validation record's image and boxes by id.
+    self.assertEqual(sorted(image['id'] for image in coco['images']),
+                     sorted(source_ids['val']))
+    self.assertFalse(set(source_ids['train']) & set(source_ids['val']))
+    image_ids = {image['id'] for image in coco['images']}
+    categories = {category['id'] for category in coco['categories']}
+    for annotation in coco['annotations']:
+      self.assertIn(annotation['image_id'], image_ids)
+      self.assertIn(annotation['category_id'], categories)
+      x, y, width, height = annotation['bbox']
+      self.assertGreater(min(width, height), 0)
+      self.assertLessEqual(x + width, corpus_data.COCO_IMAGE_SIZE)
+      self.assertLessEqual(y + height, corpus_data.COCO_IMAGE_SIZE)
+      self.assertEqual(annotation['area'], width * height)
+    self.assertIn('info', coco)  # pycocotools' loadRes copies it
+
   def test_the_reason_is_the_line_that_says_why(self):
     self.assertEqual(corpus._reason(  # pylint: disable=protected-access
         'Traceback ...\nValueError: bad\n\nestimator_bf16 run: p.py\n'
@@ -310,6 +373,13 @@ class CorpusPartsTest(tf.test.TestCase):
         "FATAL Flags parsing error: Unknown command line flag 'x'\n"
         'estimator_bf16: warning: --precision went to the program\n'),
                      "FATAL Flags parsing error: Unknown command line flag 'x'")
+    # An installed library's file is named from the library on.
+    self.assertEqual(corpus._reason(  # pylint: disable=protected-access
+        "failed: ImportError: cannot import name 'profiler' (/v/lib/"
+        'python3.11/site-packages/tensorflow/python/eager/__init__.py) (at '
+        './main.py:37)\n'),
+                     "ImportError: cannot import name 'profiler' (tensorflow/"
+                     'python/eager/__init__.py) (at ./main.py:37)')
 
 
 if __name__ == '__main__':
