@@ -51,6 +51,7 @@ from tensorflow.python.tpu.ops import tpu_ops
 from estimator_bf16.compat import calling
 from estimator_bf16.estimator import wrappers
 from estimator_bf16.memory import xla_dump
+from estimator_bf16.platform import interrupts
 from estimator_bf16.platform import patching
 from estimator_bf16.platform import quiet
 from estimator_bf16.safety import audit
@@ -61,10 +62,6 @@ _XLA_TYPES = {
     tf.float64: 'f64', tf.int32: 's32', tf.int64: 's64', tf.uint8: 'u8',
     tf.int8: 's8', tf.int16: 's16', tf.bool: 'pred', tf.uint32: 'u32',
 }
-
-# How often the main thread looks up from a loop run in its worker thread:
-# a Ctrl-C is seen within this many seconds.
-_POLL_SECONDS = 0.1
 
 # How TensorFlow names an op XLA could not compile.
 _UNSUPPORTED = re.compile(
@@ -347,45 +344,6 @@ def _one_line_failure(error, graph):
           op_type, node, where, first[:200]))
 
 
-def run_interruptibly(run, done):
-  """Returns `run()`, called in a worker thread so that Ctrl-C stops at once.
-
-  XLA compiles and runs a loop inside one `session.run` call, which holds
-  its thread in C++ for minutes on a large model (a float32 ResNet-18 at
-  224 px, batch 64: Ctrl-C had not stopped `check --xla --xla_steps=2`
-  five minutes later), and Python raises KeyboardInterrupt only when the
-  main thread is back in Python. The main thread waits here in short waits
-  instead, which a signal interrupts. The worker is a daemon thread, so the
-  process can exit while XLA is still busy.
-
-  Args:
-    run: the callable, e.g. a `session.run` of the loop.
-    done: a `threading.Event`, set when `run` has returned or raised; a
-      caller that sees it unset after a KeyboardInterrupt knows `run` is
-      still going (an event, not `Thread.is_alive`: a join interrupted by
-      Ctrl-C marks the thread stopped although it still runs, Python 3.11).
-
-  Returns:
-    What `run` returned; what it raised is raised here.
-  """
-  outcome = {}
-
-  def work():
-    try:
-      outcome['value'] = run()
-    except BaseException as e:  # pylint: disable=broad-except
-      outcome['error'] = e
-    finally:
-      done.set()
-
-  threading.Thread(target=work, name='xla_loop', daemon=True).start()
-  while not done.wait(_POLL_SECONDS):
-    pass
-  if 'error' in outcome:
-    raise outcome['error']
-  return outcome['value']
-
-
 class CompiledLoop:
   """The TRAIN loop built as on a TPU and compiled by XLA, its session open.
 
@@ -456,7 +414,7 @@ class CompiledLoop:
     self._session = tf.compat.v1.Session(graph=graph)
     self._values = None
     # Set when the latest loop run's thread is done (see
-    # `run_interruptibly`); None before the first.
+    # `interrupts.run_interruptibly`); None before the first.
     self._busy = None
     try:
       self._session.run(init)
@@ -483,7 +441,7 @@ class CompiledLoop:
     start = time.perf_counter()
     try:
       self._busy = threading.Event()
-      values = run_interruptibly(
+      values = interrupts.run_interruptibly(
           lambda: self._session.run(self._loss, {self._count: steps}),
           self._busy)
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
