@@ -2,12 +2,14 @@
 
 import functools
 import inspect
+from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.platform import slim_repair
 from tensorflow.python.framework import op_def_library
 
 
@@ -91,7 +93,20 @@ class WrapInputFnTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_float32_returns_the_input_fn(self):
     fn = lambda params: None
-    self.assertIs(eb.wrap_input_fn(fn, 'float32'), fn)
+    with mock.patch.object(slim_repair, 'tf_slim_loaded', return_value=False):
+      self.assertIs(eb.wrap_input_fn(fn, 'float32'), fn)
+
+  def test_float32_with_tf_slim_loaded_repairs_it_around_the_call(self):
+    seen = []
+    fn = functools.partial(lambda root, params: seen.append(
+        (root, slim_repair.tf_slim_loaded())) or params['x'], 'data')
+    with mock.patch.object(slim_repair, 'tf_slim_loaded', return_value=True):
+      wrapped = eb.wrap_input_fn(fn, 'float32')
+    self.assertIsNot(wrapped, fn)
+    # The Estimator sees what it would see on `fn` (params by keyword).
+    self.assertEqual(list(inspect.signature(wrapped).parameters), ['params'])
+    self.assertEqual(wrapped(params={'x': 3}), 3)
+    self.assertEqual(seen[0][0], 'data')
 
 
 class WrapModelFnTest(tf.test.TestCase, parameterized.TestCase):
