@@ -13,7 +13,9 @@ just before they are created, by op type (`precision.op_lists`):
   (`weights`);
 * the float32 list (softmax, cross-entropy, reductions, statistics,
   summaries) computes in float32 (`float32_list`), and so do uniform random
-  draws and the comparisons that read them (`uniform_draws`);
+  draws and the comparisons that read them (`uniform_draws`), and
+  TensorFlow's losses made of several ops (sigmoid and weighted
+  cross-entropy, `reduce_logsumexp`), whole (`composites`);
 * any other op whose float inputs mix float32 and bfloat16 computes in
   bfloat16 instead of failing with "Input 'y' of 'AddV2' Op has type float32
   that does not match type bfloat16" (an assignment keeps its variable's

@@ -12,6 +12,7 @@ import contextlib
 import tensorflow as tf
 
 from estimator_bf16.autocast import branches
+from estimator_bf16.autocast import composites
 from estimator_bf16.autocast import master_weights
 from estimator_bf16.autocast import rules
 from estimator_bf16.autocast import state
@@ -37,6 +38,13 @@ def _install():
     state.remember_replaced(name, original)
     undo.append((owner, name, original))
     setattr(owner, name, _REPLACEMENTS[name])
+  # TensorFlow's loss functions made of several ops, computed whole in
+  # float32 while autocast is in force (`composites`).
+  try:
+    undo.extend(composites.swap())
+  except Exception:
+    patching.restore(undo)
+    raise
   return undo
 
 
