@@ -1,8 +1,8 @@
 """Loss functions TensorFlow writes as several ops, computed whole in float32.
 
-`tf.nn.sigmoid_cross_entropy_with_logits` (and `tf.compat.v1.losses`'
-`sigmoid_cross_entropy`, which calls it), `weighted_cross_entropy_with_logits`
-and `reduce_logsumexp` are Python functions over elementwise ops. Op by op,
+`tf.nn.sigmoid_cross_entropy_with_logits`, `weighted_cross_entropy_with_logits`,
+`reduce_logsumexp` and `tf.compat.v1.losses`' `sigmoid_cross_entropy` and
+`softmax_cross_entropy` are Python functions over elementwise ops. Op by op,
 autocast would compute their elementwise terms in bfloat16 and their
 `log1p` or `log` in float32: a rounding to bfloat16 inside the loss, between
 float32 ops. Under autocast, each call casts its 16-bit tensor arguments to
@@ -23,6 +23,7 @@ import sys
 import tensorflow as tf
 from tensorflow.python.ops import math_ops
 from tensorflow.python.ops import nn_impl
+from tensorflow.python.ops.losses import losses_impl
 
 from estimator_bf16.autocast import state
 from estimator_bf16.precision import rounding
@@ -30,15 +31,21 @@ from estimator_bf16.precision import rounding
 # The functions computed whole in float32, by their owner and name. The v2
 # sigmoid and v1 weighted cross-entropies and v1 reduce_logsumexp call
 # these through their module's globals, so the swap covers them too.
+# `tf.compat.v1.losses`' sigmoid and softmax cross-entropies are whole too:
+# they cast the labels to the logits' dtype and smooth them there
+# (`label_smoothing`), which in bfloat16 rounds the smoothed labels.
 _COMPOSITES = ((nn_impl, 'sigmoid_cross_entropy_with_logits'),
                (nn_impl, 'weighted_cross_entropy_with_logits_v2'),
-               (math_ops, 'reduce_logsumexp'))
+               (math_ops, 'reduce_logsumexp'),
+               (losses_impl, 'sigmoid_cross_entropy'),
+               (losses_impl, 'softmax_cross_entropy'))
 # The names TensorFlow's modules hold them under (the public API exports
 # the v2 weighted cross-entropy without its suffix).
 _EXPORTED_NAMES = ('sigmoid_cross_entropy_with_logits',
                    'weighted_cross_entropy_with_logits',
                    'weighted_cross_entropy_with_logits_v2',
-                   'reduce_logsumexp')
+                   'reduce_logsumexp', 'sigmoid_cross_entropy',
+                   'softmax_cross_entropy')
 
 
 def _as_float32(value):

@@ -30,6 +30,26 @@ class CompositesTest(tf.test.TestCase):
     self.assertIs(nn_impl.sigmoid_cross_entropy_with_logits, original)
     self.assertIs(tf.compat.v1.nn.sigmoid_cross_entropy_with_logits, public)
 
+  def test_a_cond_with_a_bfloat16_true_branch_rounds_the_loss_to_it(self):
+    # TensorFlow's loss code returned the logits' dtype; a cond whose other
+    # branch is bfloat16 (built first) still gets matching branches.
+    with tf.Graph().as_default():
+      logits = tf.constant([[0.5, -2.0, 1.0]], tf.bfloat16)
+      labels = tf.constant([[0.0, 0.0, 1.0]])
+      with eb.autocast('bfloat16'):
+        picked = tf.cond(
+            tf.constant(False), lambda: -tf.reduce_max(logits, -1)[0],
+            lambda: tf.compat.v1.losses.softmax_cross_entropy(
+                labels, logits, label_smoothing=0.1))
+      with tf.compat.v1.Session() as session:
+        value = session.run(picked)
+      expected = tf.compat.v1.losses.softmax_cross_entropy(
+          labels, tf.cast(logits, tf.float32), label_smoothing=0.1)
+      with tf.compat.v1.Session() as session:
+        expected = session.run(expected)
+    self.assertEqual(picked.dtype, tf.bfloat16)
+    self.assertAllClose(value, expected, rtol=2.0**-8)
+
   def test_another_thread_builds_as_tensorflow_does(self):
     # The swap is process-wide while a thread is inside autocast; a thread
     # outside it gets TensorFlow's function, bfloat16 in, bfloat16 out.

@@ -234,18 +234,17 @@ def _bfloat16_after_float32_ops(loss, start):
 
 
 # Rows still rounded to bfloat16 somewhere after predictions (left open,
-# issue 45): elementwise terms that the row itself (or TensorFlow's loss
-# code) builds in the predictions' dtype around a float32 op. A rounding is
-# rearranged before a float32 op reads it (a gather of log-softmax output),
-# label smoothing is done on labels cast to bfloat16, or the row squares
+# issue 45): elementwise terms that the row itself builds in the
+# predictions' dtype around a float32 op. A rounding is rearranged before a
+# float32 op reads it (a gather of log-softmax output), or the row squares
 # a bfloat16 difference before `compute_weighted_loss`. A rule that made
 # those ops float32 would also make layer norm's `x - mean` float32.
 # TensorFlow's own multi-op losses (sigmoid and weighted cross-entropy,
-# reduce_logsumexp) are computed whole in float32 (autocast.composites).
+# reduce_logsumexp, and tf.compat.v1.losses' cross-entropies with their
+# label smoothing) are computed whole in float32 (autocast.composites).
 # These rows hold their value to bfloat16 rounding of the elementwise
 # terms; the others to float32 arithmetic.
-_ROUNDED_TERMS = ('log_softmax_gathered', 'softmax_cross_entropy_label',
-                  'sigmoid_cross_entropy_label', 'compute_weighted_loss')
+_ROUNDED_TERMS = ('log_softmax_gathered', 'compute_weighted_loss')
 
 
 class LossTableTest(tf.test.TestCase, parameterized.TestCase):
