@@ -213,3 +213,18 @@ class TPUEstimatorSpec(collections.namedtuple('TPUEstimatorSpec', [
         training_hooks=_check_hooks(training_hooks, 'training_hooks'),
         evaluation_hooks=_check_hooks(evaluation_hooks, 'evaluation_hooks'),
         prediction_hooks=_check_hooks(prediction_hooks, 'prediction_hooks'))
+
+  def as_estimator_spec(self):
+    """The `EstimatorSpec` this spec means on a host, as TF 1.x's gave.
+
+    Model code that runs off the TPU returns it to a plain Estimator
+    (tensorflow/tpu's detection models do, with `use_tpu=False`):
+    `eval_metrics` and `host_call` run on the host, `scaffold_fn` is called.
+
+    Returns:
+      An `EstimatorSpec`.
+    """
+    # Imported here: the conversion lives with TPUEstimator, which imports
+    # this module.
+    from estimator_bf16.compat import tpu_estimator  # pylint: disable=g-import-not-at-top
+    return tpu_estimator.as_estimator_spec(self)

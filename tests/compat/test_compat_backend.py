@@ -368,6 +368,36 @@ def _linear_input_fn():
   return tf.data.Dataset.from_tensor_slices(({'x': x}, y)).batch(16)
 
 
+class TPUSpecOffTheTpuTest(tf.test.TestCase):
+
+  def test_as_estimator_spec_runs_the_host_parts(self):
+    # TF 1.x code running off the TPU (tensorflow/tpu's detection models)
+    # hands a plain Estimator `spec.as_estimator_spec()`.
+    with tf.Graph().as_default():
+      labels = tf.constant([1.0, 2.0])
+      predictions = tf.constant([1.5, 2.0])
+      scaffold = tf.compat.v1.train.Scaffold()
+      spec = compat.TPUEstimatorSpec(
+          compat.ModeKeys.EVAL, loss=tf.constant(0.5),
+          eval_metrics=(lambda l, p: {'mae': tf.compat.v1.metrics
+                                      .mean_absolute_error(l, p)},
+                        [labels, predictions]),
+          scaffold_fn=lambda: scaffold)
+      plain = spec.as_estimator_spec()
+      self.assertIsInstance(plain, compat.EstimatorSpec)
+      self.assertEqual(plain.mode, compat.ModeKeys.EVAL)
+      self.assertIs(plain.loss, spec.loss)
+      self.assertIs(plain.scaffold, scaffold)
+      value, update = plain.eval_metric_ops['mae']
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.local_variables_initializer())
+        session.run(update)
+        self.assertAllClose(session.run(value), 0.25)
+    if IS_TF215:
+      self.assertTrue(callable(getattr(
+          tf.compat.v1.estimator.tpu.TPUEstimatorSpec, 'as_estimator_spec')))
+
+
 class PlainEstimatorTest(tf.test.TestCase):
 
   def test_train_steps_evaluate_predict_export(self):
