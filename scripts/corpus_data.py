@@ -338,7 +338,7 @@ def _coco_images(rng, count, first_id):
   size = COCO_IMAGE_SIZE
   pixels = [rng.randint(0, 256, size=(size, size, 3)).astype(np.uint8)
             for _ in range(count)]
-  masks, records, images, annotations = [], [], [], []
+  masks, instances, records, images, annotations = [], [], [], [], []
   for index in range(count):
     image_id = first_id + index
     mask = np.zeros((size, size, 1), np.uint8)
@@ -353,6 +353,11 @@ def _coco_images(rng, count, first_id):
       label = int(rng.randint(1, COCO_CLASSES + 1))
       boxes.append((x0, y0, int(width), int(height), label))
       mask[y0:y0 + height, x0:x0 + width] = label
+      # Mask R-CNN's instance mask: 1 on the box's pixels, 0 elsewhere, as
+      # create_coco_tf_record writes pycocotools' annToMask.
+      instance = np.zeros((size, size, 1), np.uint8)
+      instance[y0:y0 + height, x0:x0 + width] = 1
+      instances.append(instance)
       # A box of the label's colour helps a few steps learn something.
       pixels[index][y0:y0 + height, x0:x0 + width] = (label * 12) % 256
     masks.append(mask)
@@ -362,6 +367,9 @@ def _coco_images(rng, count, first_id):
       annotations.append({
           'id': len(annotations) + 1, 'image_id': image_id,
           'category_id': label, 'bbox': [x0, y0, width, height],
+          # The same rectangle as a polygon, for the 'segm' evaluation.
+          'segmentation': [[x0, y0, x0 + width, y0, x0 + width,
+                            y0 + height, x0, y0 + height]],
           'area': float(width * height), 'iscrowd': 0})
     records.append({
         'image/source_id': _bytes_feature([str(image_id).encode()]),
@@ -383,10 +391,14 @@ def _coco_images(rng, count, first_id):
         'image/object/area': _float_feature([b[2] * b[3] for b in boxes]),
         'image/object/is_crowd': _int_feature([0] * len(boxes)),
         'image/segmentation/class/format': _bytes_feature([b'png'])})
+  instance_pngs = iter(_encode_images(instances, png=True))
   for record, jpeg, png in zip(records, _encode_images(pixels),
                                _encode_images(masks, png=True)):
     record['image/encoded'] = _bytes_feature([jpeg])
     record['image/segmentation/class/encoded'] = _bytes_feature([png])
+    count = len(record['image/object/class/label'].int64_list.value)
+    record['image/object/mask'] = _bytes_feature(
+        [next(instance_pngs) for _ in range(count)])
   return records, images, annotations
 
 
@@ -400,7 +412,9 @@ def _coco_files(folder):
   and `instances_val.json`, the validation images' annotations in COCO's
   json (ids = the records' `image/source_id`). The records also carry a
   PNG class map of the boxes (`image/segmentation/class/encoded`, 0 is
-  background), which the segmentation variant reads.
+  background), which the segmentation variant reads, and Mask R-CNN's
+  instance masks: one PNG per box (`image/object/mask`, 1 inside the box,
+  0 outside), whose rectangles the json repeats as `segmentation` polygons.
   """
   rng = np.random.RandomState(12)
   train, _, _ = _coco_images(rng, 16, first_id=1)

@@ -21,6 +21,7 @@ import dataclasses
 import json
 from typing import Optional, Tuple
 
+from scripts.corpus_data import COCO_CLASSES
 from scripts.corpus_data import COCO_IMAGE_SIZE
 from scripts.corpus_data import MAX_PREDICTIONS
 from scripts.corpus_data import SEQ_LENGTH
@@ -76,8 +77,6 @@ _INCEPTION = ('--tpu=', '--use_tpu=false', '--model_dir={model_dir}',
 # newest checkpoint, then stop (mobilenet waits `eval_timeout` seconds for
 # another, at least `min_eval_interval` after the last).
 _EVAL_MODE = ('--mode=eval', '--eval_timeout=1', '--min_eval_interval=0')
-_COCO = ('reads COCO-format TFRecords and pycocotools; not given a recipe '
-         'yet (the coco writer has boxes and class maps, no instance masks)')
 _EXPORT = ('exports a trained checkpoint as a SavedModel: no training or '
            'evaluation to compare')
 _TPU_ONLY = 'hard-codes use_tpu=True (TPU embedding / no use_tpu flag)'
@@ -103,6 +102,70 @@ _RETINANET = _OFF_TPU + (
     '--eval_samples=8', '--eval_steps=8', '--num_epochs=1',
     '--num_examples_per_epoch=32', '--iterations_per_loop=2',
     '--num_shards=8', '--add_warmup_requests=false')
+
+
+def _json_flag(name, value):
+  """`--name=JSON` with the braces a recipe's `str.format` keeps, and
+  `{model_dir}` / `{data_dir}` still filled in."""
+  text = json.dumps(value).replace('{', '{{').replace('}', '}}')
+  for field in ('model_dir', 'data_dir'):
+    text = text.replace('{{%s}}' % field, '{%s}' % field)
+  return '--%s=%s' % (name, text)
+
+
+# The detection framework (models/official/detection): its simplest model,
+# `--model=retinanet`, configured by `--params_override` (JSON) over its
+# defaults (640 pixels, ResNet-50, batch 64, 22500 steps). The same sizes as
+# _RETINANET; `--mode=train` to total_steps, then `--eval_after_training`:
+# `predict` on the 8 validation images scored by pycocotools on the json.
+# With use_tpu=false main itself turns architecture.use_bfloat16 off, and
+# its executor builds a plain Estimator (MirroredStrategy over the GPUs it
+# finds: none), not a TPUEstimator.
+_DETECTION_PARAMS = {
+    'architecture': {'num_classes': COCO_CLASSES + 1},
+    'resnet': {'resnet_depth': 18},
+    'retinanet_parser': {'output_size': [COCO_IMAGE_SIZE, COCO_IMAGE_SIZE]},
+    'train': {'train_batch_size': 8, 'total_steps': 4,
+              'iterations_per_loop': 2, 'transpose_input': False,
+              'train_file_pattern': '{data_dir}/train.tfrecord',
+              'checkpoint': {'path': ''}},
+    'eval': {'eval_batch_size': 8, 'eval_samples': 8,
+             'num_steps_per_eval': 4,
+             'eval_file_pattern': '{data_dir}/val.tfrecord',
+             'val_json_file': '{data_dir}/instances_val.json'},
+    'predict': {'predict_batch_size': 8},
+}
+_DETECTION = _OFF_TPU + (
+    '--model=retinanet', '--model_dir={model_dir}', '--mode=train',
+    '--eval_after_training=true',
+    _json_flag('params_override', _DETECTION_PARAMS))
+
+# Mask R-CNN (models/official/mask_rcnn): boxes and the instance masks of
+# the 'coco' records, ResNet-18, 128 pixels (a multiple of 2**max_level,
+# 64). `--mode=train_and_eval` with num_steps_per_eval above total_steps:
+# no cycle, `train(max_steps=4)`, then one `predict` on the 8 validation
+# images scored (boxes and masks) by pycocotools. `--mode=train` would
+# train through `train_and_evaluate` when use_tpu is false (the executor's
+# placeholder EvalSpec then fails in TPUEstimator). Fewer sampled
+# RoIs and detections keep the mask head's CPU time small; the space-to-
+# depth stem and the input transpose are TPU layouts. `precision=float32`
+# turns its own bfloat16 off.
+_MASK_RCNN_PARAMS = {
+    'image_size': [COCO_IMAGE_SIZE, COCO_IMAGE_SIZE], 'backbone': 'resnet18',
+    'num_classes': COCO_CLASSES + 1, 'precision': 'float32',
+    'conv0_space_to_depth_block_size': 0, 'transpose_input': False,
+    'train_batch_size': 8, 'eval_batch_size': 8, 'total_steps': 4,
+    'iterations_per_loop': 2, 'num_steps_per_eval': 8, 'eval_samples': 8,
+    'batch_size_per_im': 64, 'test_detections_per_image': 20,
+    'training_file_pattern': '{data_dir}/train.tfrecord',
+    'validation_file_pattern': '{data_dir}/val.tfrecord',
+    'val_json_file': '{data_dir}/instances_val.json'}
+_MNASNET_PATHS = ('official/mnasnet', 'official/efficientnet')
+_MASK_RCNN = _OFF_TPU + (
+    '--model_dir={model_dir}', '--mode=train_and_eval',
+    '--precision=float32', '--transpose_input=false',
+    '--iterations_per_loop=2',
+    _json_flag('params_override', _MASK_RCNN_PARAMS))
 
 # Program paths (under the repository root) -> a recipe, or {commit prefix:
 # recipe} with a 'default' key when flags differ between commits. Sources:
@@ -211,9 +274,33 @@ RECIPES = {
     'models/official/retinanet/retinanet_segmentation_main.py': Recipe(
         skip="with --use_tpu=false its main reads tpu_cluster_resolver, "
         'never set (UnboundLocalError before any Estimator): TPU only'),
-    'models/official/mask_rcnn/mask_rcnn_main.py': Recipe(skip=_COCO),
-    'models/official/mask_rcnn/distributed_executer.py': Recipe(skip=_COCO),
-    'models/official/detection/main.py': Recipe(skip=_COCO),
+    'models/official/mask_rcnn/mask_rcnn_main.py': {
+        # Tried with the same settings as its HParams `--config` string:
+        # `train_and_eval` trains, then fails in the evaluation's own code;
+        # `train` with use_tpu=false trains through `train_and_evaluate`
+        # with a placeholder EvalSpec that TPUEstimator refuses.
+        '862434aa': Recipe(
+            skip='Python 2 evaluation (coco_metric: range() of a float32 '
+            'num_detections, TypeError); --mode=train with use_tpu=false '
+            'ends in train_and_evaluate with an EvalSpec TPUEstimator '
+            'refuses'),
+        # mask_rcnn_model imports mnasnet_models (which imports
+        # efficientnet's modules) from those folders.
+        'default': Recipe(_MASK_RCNN, 'coco', paths=_MNASNET_PATHS)},
+    'models/official/mask_rcnn/distributed_executer.py': Recipe(
+        skip='a module with no main: mask_rcnn_main.py (its recipe) runs '
+        'its TPUEstimator'),
+    'models/official/detection/main.py': {
+        # Its params_dict reads --params_override / --config_file with
+        # yaml.load(text) and no Loader, which PyYAML 6 refuses; without
+        # them the model is ResNet-50 at 640 pixels, batch 64.
+        '862434aa': Recipe(
+            skip='its params_dict calls yaml.load() without a Loader '
+            '(TypeError under PyYAML 6) on --params_override, the only way '
+            'to set the model small'),
+        # efficientnet.py imports efficientnet_model from there.
+        'default': Recipe(_DETECTION, 'coco',
+                          paths=('official/efficientnet',))},
     # Export tools: they load a trained checkpoint and write a SavedModel;
     # nothing is trained or evaluated, so there is no float32 run to compare.
     'models/official/detection/export_saved_model.py': Recipe(skip=_EXPORT),
@@ -254,15 +341,6 @@ _PRETRAINING = ('--use_tpu=false', '--input_file={data_dir}/pretrain.tfrecord',
                 '--max_eval_steps=2', '--iterations_per_loop=2',
                 '--output_dir={model_dir}',
                 '--export_dir={model_dir}/export')
-
-
-def _json_flag(name, value):
-  """`--name=JSON` with the braces a recipe's `str.format` keeps, and
-  `{model_dir}` / `{data_dir}` still filled in."""
-  text = json.dumps(value).replace('{', '{{').replace('}', '}}')
-  for field in ('model_dir', 'data_dir'):
-    text = text.replace('{{%s}}' % field, '{%s}' % field)
-  return '--%s=%s' % (name, text)
 
 
 # ELECTRA's argparse flags: --data-dir, --model-name, and --hparams (JSON)
@@ -387,7 +465,11 @@ class Source:
 
 
 SOURCES = {
-    'tensorflow/tpu': Source(('models',)),
+    # The detection framework's and Mask R-CNN's mains build their
+    # (TPU)Estimator in an executor module they import.
+    'tensorflow/tpu': Source(('models',), (
+        'models/official/detection/main.py',
+        'models/official/mask_rcnn/mask_rcnn_main.py')),
     'google-research/uda': Source(('',), ('image/main.py',)),
 }
 

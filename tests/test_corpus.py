@@ -324,7 +324,7 @@ class CorpusPartsTest(tf.test.TestCase):
         for key in ('image/encoded', 'image/source_id', 'image/height',
                     'image/width', 'image/object/class/label',
                     'image/object/area', 'image/object/is_crowd',
-                    'image/segmentation/class/encoded'):
+                    'image/segmentation/class/encoded', 'image/object/mask'):
           self.assertIn(key, feature)
         size = corpus_data.COCO_IMAGE_SIZE
         self.assertEqual(feature['image/height'].int64_list.value, [size])
@@ -336,6 +336,23 @@ class CorpusPartsTest(tf.test.TestCase):
                               .float_list.value)
                for side in ('xmin', 'ymin', 'xmax', 'ymax')}
         labels = feature['image/object/class/label'].int64_list.value
+        # Mask R-CNN's decoder: one PNG mask per box, 1 exactly on the
+        # box's pixels.
+        pngs = feature['image/object/mask'].bytes_list.value
+        self.assertLen(pngs, len(labels))
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+          png = tf.compat.v1.placeholder(tf.string, [])
+          decode = tf.io.decode_png(png, channels=1)
+          masks = [session.run(decode, {png: data}) for data in pngs]
+        for index, mask in enumerate(masks):
+          self.assertEqual(mask.shape, (size, size, 1))
+          rows, columns = np.nonzero(mask[:, :, 0])
+          self.assertEqual(set(mask.flatten()), {0, 1})
+          self.assertEqual(columns.min(), round(box['xmin'][index] * size))
+          self.assertEqual(columns.max() + 1,
+                           round(box['xmax'][index] * size))
+          self.assertEqual(rows.min(), round(box['ymin'][index] * size))
+          self.assertEqual(rows.max() + 1, round(box['ymax'][index] * size))
         self.assertBetween(len(labels), 1, 3)
         for side in box.values():
           self.assertLen(side, len(labels))
@@ -362,6 +379,11 @@ class CorpusPartsTest(tf.test.TestCase):
       self.assertLessEqual(x + width, corpus_data.COCO_IMAGE_SIZE)
       self.assertLessEqual(y + height, corpus_data.COCO_IMAGE_SIZE)
       self.assertEqual(annotation['area'], width * height)
+      # The 'segm' evaluation's polygon: the box's corners.
+      polygon, = annotation['segmentation']
+      self.assertEqual(sorted(zip(polygon[::2], polygon[1::2])),
+                       [(x, y), (x, y + height), (x + width, y),
+                        (x + width, y + height)])
     self.assertIn('info', coco)  # pycocotools' loadRes copies it
 
   def test_the_reason_is_the_line_that_says_why(self):
