@@ -10,6 +10,8 @@ which executes it as `__main__` and turns how it ended (normal exit,
 """
 
 import contextlib
+import gc
+import inspect
 import os
 import re
 import runpy
@@ -18,6 +20,7 @@ import sys
 import traceback
 
 from absl import flags
+import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.platform import backend
@@ -163,6 +166,36 @@ def _program_traceback(error, program):
     kept.pop()
   shown.stack = traceback.StackSummary.from_list(kept)
   return ''.join(shown.format())
+
+
+@contextlib.contextmanager
+def tf1_default_graph():
+  """Inside, this thread's default graph is a fresh one, as in TF 1.x.
+
+  TF 1.x had no eager mode: a program's own graph code outside the
+  Estimator (tf.placeholder, tf.Session) built into a default graph. On
+  the way out, `predict` generators the program left suspended are closed
+  first: a partly consumed `Estimator.predict` is suspended inside a graph
+  context of its own, above this one on the stack, and unwinds it only
+  when it is closed. Otherwise leaving this graph fails with "Nesting
+  violated for default stack", in place of the program's own error.
+  """
+  graph = tf.Graph()
+  with graph.as_default():
+    try:
+      yield graph
+    finally:
+      if tf.compat.v1.get_default_graph() is not graph:
+        _close_suspended_predictions()
+
+
+def _close_suspended_predictions():
+  """Closes the `predict` generators still suspended (the run is over)."""
+  gc.collect()  # Those only garbage held are closed by collecting it.
+  for found in gc.get_objects():
+    if (inspect.isgenerator(found) and found.gi_frame is not None and
+        found.gi_code.co_name == 'predict'):
+      found.close()
 
 
 def tf1_scope(program, folders, tf1, result):

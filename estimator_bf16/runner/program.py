@@ -41,8 +41,6 @@ model_fns record), `estimator_patches` (the patched Estimator classes),
 import contextlib
 import os
 
-import tensorflow as tf
-
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.levers import apply as levers_lib
 from estimator_bf16.platform import quiet
@@ -179,11 +177,10 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     if scope is not None:
       stack.enter_context(scope)
       program_globals['__builtins__'] = scope.builtins
-      # TF 1.x had no eager mode: a program's own graph code outside the
-      # Estimator (tf.placeholder, tf.Session) built into a default graph.
-      # A fresh default graph gives it that on this thread, and is gone
-      # with the run; the Estimator still builds graphs of its own.
-      stack.enter_context(tf.Graph().as_default())
+      # A fresh default graph for the program's own graph code on this
+      # thread, gone with the run; the Estimator still builds graphs of
+      # its own.
+      stack.enter_context(execution.tf1_default_graph())
     stack.enter_context(execution.program_argv(program, args))
     execution.run_as_main(program, program_globals, folders, result,
                           verbose)

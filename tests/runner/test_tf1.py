@@ -259,6 +259,45 @@ class Tf1RunTest(tf.test.TestCase, parameterized.TestCase):
                   err)
     self.assertRegex(result.reason, r'\(at .*helper\.py:3\)$')
 
+  def test_an_error_beside_a_partly_read_predict_is_the_programs(self):
+    # The kept generator is suspended inside Estimator.predict's graph
+    # context; leaving the run's own default graph failed with "Nesting
+    # violated for default stack", in place of the program's TypeError.
+    folder = self.create_tempdir().full_path
+    program = self._write(folder, 'program.py', '''
+        import sys
+        import numpy as np
+        import tensorflow as tf
+
+        def model_fn(features, labels, mode, params):
+          y = tf.layers.dense(features['x'], 1)
+          if mode == tf.estimator.ModeKeys.PREDICT:
+            return tf.contrib.tpu.TPUEstimatorSpec(mode, predictions={'y': y})
+          loss = tf.reduce_mean(y)
+          return tf.contrib.tpu.TPUEstimatorSpec(
+              mode, loss=loss, train_op=tf.train.GradientDescentOptimizer(
+                  0.1).minimize(loss, tf.train.get_global_step()))
+
+        def input_fn(params):
+          return tf.data.Dataset.from_tensor_slices(
+              {'x': np.ones((8, 4), np.float32)}).repeat().batch(
+                  params['batch_size'], drop_remainder=True)
+
+        estimator = tf.contrib.tpu.TPUEstimator(
+            model_fn=model_fn, use_tpu=False, train_batch_size=4,
+            predict_batch_size=4,
+            config=tf.contrib.tpu.RunConfig(model_dir=sys.argv[1]))
+        estimator.train(input_fn, max_steps=1)
+        kept = estimator.predict(input_fn, yield_single_examples=False)
+        first = next(kept)
+        range(first['y'][0, 0])  # a TypeError of the program's own
+        ''')
+    result, err = self._run_quietly(
+        program, [os.path.join(folder, 'model')], precision='float32')
+    self.assertEqual(result.exit_code, 1, err[-2000:])
+    self.assertRegex(result.reason, r'^TypeError: .*\(at .*program\.py:27\)$')
+    self.assertNotIn('Nesting violated', err)
+
   def test_only_the_program_folders_see_tf1(self):
     """tf-slim and a module outside the folders keep the real TensorFlow."""
     root = self.create_tempdir().full_path
