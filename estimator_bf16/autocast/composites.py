@@ -97,7 +97,6 @@ def swap():
       value = names.get(name)
       if value is not None and id(value) in originals:
         original, replacement = originals[id(value)]
-        if value is original:
-          undo.append((module, name, original))
-          setattr(module, name, replacement)
+        undo.append((module, name, original))
+        setattr(module, name, replacement)
   return undo

@@ -48,12 +48,12 @@ _CANDIDATES = ('tf_keras.src.legacy_tf_layers.normalization',
                'keras.src.legacy_tf_layers.normalization')
 # The names tf-slim reads from TensorFlow's internal modules that those
 # modules lost, each with its public twin.
-_FRAMEWORK_OPS_NAMES = {'Tensor': lambda: tf.Tensor,
-                        'IndexedSlices': lambda: tf.IndexedSlices}
-_CONTROL_FLOW_NAMES = {'cond': lambda: tf.compat.v1.cond,
-                       'case': lambda: tf.compat.v1.case,
-                       'while_loop': lambda: tf.compat.v1.while_loop,
-                       'Assert': lambda: tf.compat.v1.Assert}
+_FRAMEWORK_OPS_NAMES = {'Tensor': tf.Tensor,
+                        'IndexedSlices': tf.IndexedSlices}
+_CONTROL_FLOW_NAMES = {'cond': tf.compat.v1.cond,
+                       'case': tf.compat.v1.case,
+                       'while_loop': tf.compat.v1.while_loop,
+                       'Assert': tf.compat.v1.Assert}
 # tf-slim modules, the global name under which each holds a TensorFlow
 # module, and the names to give that module's view.
 _SLIM_VIEWS = (
@@ -122,8 +122,7 @@ def _repair_views():
       continue
     view = types.ModuleType(held.__name__, held.__doc__)
     view.__dict__.update(vars(held))
-    for name, twin in missing.items():
-      setattr(view, name, twin())
+    view.__dict__.update(missing)
     undo.append((module, attribute, held))
     setattr(module, attribute, view)
   return undo
