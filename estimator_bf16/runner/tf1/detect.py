@@ -14,6 +14,7 @@ TensorFlow 1.15 had contrib there too, so such code is TF 1.x code.
 
 import ast
 import dataclasses
+import functools
 import os
 import types
 from typing import Optional
@@ -21,6 +22,7 @@ from typing import Optional
 import tensorflow as tf
 
 _COMPAT_V1 = 'tensorflow.compat.v1'
+
 
 @dataclasses.dataclass(frozen=True)
 class Detection:
@@ -60,15 +62,27 @@ def _is_tf1_only(names, cache):
   return cache[key]
 
 
-def _is_tf1_module(parts, cache):
-  """True if module `.`.join(parts) exists only in TF 1.x's `tensorflow`.
+@functools.lru_cache(maxsize=None)
+def tf1_only_module(name):
+  """True if only TF 1.x could import `tensorflow.NAME`.
 
-  `tensorflow.contrib...`, and `tensorflow.gfile` and the like: TF 1.x made
-  these importable (`from tensorflow.gfile import Exists`); TF 2 has them
-  only as attributes of `tf.compat.v1`.
+  `contrib`, and the modules of `tf.compat.v1` that TF 2's `tensorflow`
+  lacks (gfile, logging, flags, ...): TF 1.x made these importable (`from
+  tensorflow.gfile import Exists`); TF 2 has them only as attributes of
+  `tf.compat.v1`. Asked per name, as imports come: reading every name of
+  `tf.compat.v1` would load its lazy modules (Keras, the Estimator).
   """
+  if name == 'contrib':
+    return True
+  if name.startswith('_') or hasattr(tf, name):
+    return False
+  return isinstance(getattr(tf.compat.v1, name, None), types.ModuleType)
+
+
+def _is_tf1_module(parts):
+  """True if module `.`.join(parts) exists only in TF 1.x's `tensorflow`."""
   return (len(parts) > 1 and parts[0] == 'tensorflow' and
-          _is_tf1_only(parts[1:2], cache))
+          tf1_only_module(parts[1]))
 
 
 def _chain(node):
@@ -116,7 +130,7 @@ class _Reader(object):
             aliases.add(alias.asname or 'tensorflow')
           elif alias.name == _COMPAT_V1 and alias.asname:
             v1_aliases.add(alias.asname)
-          elif _is_tf1_module(parts, self.cache):
+          elif _is_tf1_module(parts):
             self._found(node, alias.name.replace('tensorflow', 'tf', 1))
       elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
         parts = node.module.split('.')
@@ -125,7 +139,7 @@ class _Reader(object):
         if node.module == 'tensorflow.compat':
           v1_aliases.update(a.asname or a.name for a in node.names
                             if a.name == 'v1')
-        if _is_tf1_module(parts, self.cache) or (
+        if _is_tf1_module(parts) or (
             node.module == 'tensorflow' and
             any(a.name == 'contrib' for a in node.names)):
           self._found(node, 'from %s import %s' % (

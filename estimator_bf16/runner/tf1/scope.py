@@ -23,17 +23,14 @@ All of it is undone on exit.
 """
 
 import builtins as builtins_module
-import functools
 import importlib.abc
 import importlib.machinery
 import os
 import sys
-import types
-
-import tensorflow as tf
 
 import estimator_bf16
 from estimator_bf16.runner.tf1.detect import detect as detect_tf1
+from estimator_bf16.runner.tf1.detect import tf1_only_module
 from estimator_bf16.runner.tf1 import module as module_lib
 
 # The installed package's folder (not this subpackage's): its code is never
@@ -62,7 +59,7 @@ def _tf1_target(tf1, name, fromlist):
   parts = name.split('.')
   if parts[0] != 'tensorflow':
     return None
-  if len(parts) > 1 and not _tf1_only_module(parts[1]) and not (
+  if len(parts) > 1 and not tf1_only_module(parts[1]) and not (
       parts[1:3] in (['compat'], ['compat', 'v1'])):
     return None
   node = tf1
@@ -71,22 +68,6 @@ def _tf1_target(tf1, name, fromlist):
   for part in parts[1:]:
     node = getattr(node, part)
   return node if fromlist else tf1
-
-
-@functools.lru_cache(maxsize=None)
-def _tf1_only_module(name):
-  """True if only TF 1.x could import `tensorflow.NAME`.
-
-  `contrib`, which `module.Tf1Module` adds, and the modules of
-  `tf.compat.v1` that TF 2's `tensorflow` lacks (gfile, logging, flags,
-  ...). Asked per name, as imports come: reading every name of
-  `tf.compat.v1` would load its lazy modules (Keras, the Estimator).
-  """
-  if name == 'contrib':
-    return True
-  if name.startswith('_') or hasattr(tf, name):
-    return False
-  return isinstance(getattr(tf.compat.v1, name, None), types.ModuleType)
 
 
 def _make_builtins(tf1):
