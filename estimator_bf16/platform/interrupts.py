@@ -42,7 +42,7 @@ def run_interruptibly(run, done):
     finally:
       done.set()
 
-  threading.Thread(target=work, name='xla_loop', daemon=True).start()
+  threading.Thread(target=work, name='interruptible_run', daemon=True).start()
   while not done.wait(POLL_SECONDS):
     pass
   if 'error' in outcome:
