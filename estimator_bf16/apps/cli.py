@@ -90,9 +90,13 @@ def build_parser():
        'problems')):
     command = commands.add_parser(name, help=help_text, description=help_text,
                                   allow_abbrev=False)
-    command.add_argument('--precision', default='bfloat16',
+    # None: not given. The program runs in bfloat16, and --fit plans
+    # float32's rows beside bfloat16's; a --precision given limits the
+    # fit to that precision.
+    command.add_argument('--precision', default=None,
                          help='bfloat16 (default) or float32 (runs the '
-                         'program unchanged, for a parity run)')
+                         'program unchanged, for a parity run); with '
+                         '--fit, only that precision is planned')
     command.add_argument('--audit', default='strict',
                          help='strict (default: a precision mistake in the '
                          'TRAIN graph stops the program), warn, or off')
@@ -255,7 +259,8 @@ def main(argv=None):
     return e.code if isinstance(e.code, int) else EXIT_USAGE
   try:
     # Parsed once: everything below, the runner included, gets the value.
-    args.precision = policy.parse_precision(args.precision)
+    precision_given = args.precision is not None
+    args.precision = policy.parse_precision(args.precision or 'bfloat16')
   except ValueError as e:
     return _error('--%s' % e)
   if args.audit not in audit_lib.AUDIT_MODES:
@@ -289,9 +294,8 @@ def main(argv=None):
 
   check = args.command == 'check'
   plan_fn = None
-  # --precision=float32 wins over the fit: only float32 is considered.
-  precisions = ((args.precision,) if not args.precision.bfloat16 else
-                policy.PRECISIONS)
+  # A --precision given wins over the fit: only its rows are planned.
+  precisions = ((args.precision,) if precision_given else policy.PRECISIONS)
   if budget is not None and not check:
     return _run_fit(args, budget, precisions, exclude)
   if budget is not None:

@@ -710,6 +710,44 @@ class RunFitChoiceCommandTest(tf.test.TestCase):
     self.assertIn('the program trained', proc.stdout)
 
 
+class FitPrecisionsTest(tf.test.TestCase, parameterized.TestCase):
+  """Which precisions `--fit` plans: both unless `--precision` is given."""
+
+  @parameterized.parameters(
+      ('check', (), ('float32', 'bfloat16')),
+      ('run', (), ('float32', 'bfloat16')),
+      ('check', ('--precision=bfloat16',), ('bfloat16',)),
+      ('run', ('--precision=bfloat16',), ('bfloat16',)),
+      ('check', ('--precision=float32',), ('float32',)),
+      ('run', ('--precision=float32',), ('float32',)))
+  def test_planned_precisions(self, command, flags, expected):
+    from estimator_bf16.apps import cli  # pylint: disable=g-import-not-at-top
+    from estimator_bf16.runner import program as runner  # pylint: disable=g-import-not-at-top
+    planned = []
+
+    def stop_planning(plan_fn=None, **kwargs):
+      del kwargs
+      planned.append(plan_fn.keywords['precisions'])
+      raise KeyboardInterrupt()
+
+    def run_fit(args, budget, precisions, exclude):
+      del args, budget, exclude
+      planned.append(precisions)
+      return 0
+
+    def check_program(program, program_args, **kwargs):
+      del program, program_args
+      return stop_planning(**kwargs)
+
+    with mock.patch.object(runner, 'run_program', check_program), \
+        mock.patch.object(cli, '_run_fit', run_fit), \
+        mock.patch('sys.stderr', new_callable=io.StringIO):
+      cli.main([command, '--fit', '--memory_budget=1GiB'] + list(flags) +
+               [_PROGRAM])
+    self.assertLen(planned, 1)
+    self.assertEqual(tuple(str(p) for p in planned[0]), expected)
+
+
 class CtrlCWhilePlanningTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters('check', 'run')
