@@ -317,14 +317,23 @@ BERT_MINI_BATCH32 = ModelSpec('bert_mini_seq128', 'bert', batch_size=32,
                               budget_mib=2048)
 
 
+# Not in either mode either: the model_fn of tensorflow/tpu's mnist_tpu.py
+# at its default batch (1024) and optimizer (plain SGD), for
+# benchmarks.head_to_head and benchmarks.profile.
+MNIST_TPU_BATCH1024 = ModelSpec('mnist_tpu_1024', 'mnist_tpu_style',
+                                batch_size=1024, optimizer='sgd',
+                                learning_rate=0.05, budget_mib=512)
+
+
 def find_model(name):
-  """The `ModelSpec` called `name` in either mode, or BERT-mini's.
+  """The `ModelSpec` called `name` in either mode, BERT-mini's or mnist_tpu's.
 
   Raises:
     KeyError: naming the known models.
   """
   known = {}
-  for spec in _full_models() + _quick_models() + (BERT_MINI_BATCH32,):
+  for spec in (_full_models() + _quick_models() +
+               (BERT_MINI_BATCH32, MNIST_TPU_BATCH1024)):
     known.setdefault(spec.name, spec)
   if name not in known:
     raise KeyError('No benchmark model named %r; have %s.' %

@@ -104,6 +104,30 @@ def _bert_style(spec):
                                                       spec.num_classes)
 
 
+def _mnist_tpu_style(spec):
+  """tensorflow/tpu's mnist_tpu.py network, as its model_fn writes it.
+
+  `tf.compat.v1.layers` objects: two 5x5 convolutions of 32 filters with
+  2x2 max-pooling, a 1024-wide dense layer, dropout of 0.4 and the logits.
+  """
+  del spec  # the program's sizes are fixed: 28x28x1 images, 10 classes
+  layers = tf.compat.v1.layers
+
+  def network_fn(images, is_training):
+    net = images
+    for _ in range(2):
+      net = layers.Conv2D(filters=32, kernel_size=5, padding='same',
+                          activation='relu')(net)
+      net = layers.MaxPooling2D(pool_size=(2, 2), strides=(2, 2),
+                                padding='same')(net)
+    net = layers.Flatten()(net)
+    net = layers.Dense(1024, activation='relu')(net)
+    net = layers.Dropout(0.4)(net, training=is_training)
+    return layers.Dense(10)(net)
+
+  return lambda params: network_fn
+
+
 def _image_style(module_name):
   """Keras-layers or tf-slim conv nets of estimator_bf16/models/styles, unmodified."""
 
@@ -143,6 +167,7 @@ FAMILIES = {
     'resnet': Family(_resnet, inputs='image', channels=3),
     'bert': Family(_bert, inputs='tokens', clip_norm=1.0),
     'mnist_mlp': Family(_mnist_mlp, inputs='image', channels=1),
+    'mnist_tpu_style': Family(_mnist_tpu_style, inputs='image', channels=1),
     # Code styles users bring, left as their authors wrote them.
     'bert_style': Family(_bert_style, inputs='tokens', clip_norm=1.0),
     'keras_style': Family(_image_style('keras_style'), inputs='image',

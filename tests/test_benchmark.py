@@ -669,6 +669,25 @@ def test_head_to_head_pairs_ours_with_the_rewrite(monkeypatch):
   assert result['ratio'] == pytest.approx(statistics.median(quotients))
 
 
+def test_the_mnist_tpu_model_is_the_programs_network_in_bfloat16():
+  # tensorflow/tpu's mnist_tpu.py network (tf.compat.v1.layers objects),
+  # at a small batch: ours computes its convolutions and matmuls in
+  # bfloat16 on float32 variables; its parameter count is the program's.
+  spec = dataclasses.replace(configs.find_model('mnist_tpu_1024'),
+                             batch_size=8)
+  step = graphs.build_train_step(spec, 'bfloat16', spec.batch_size)
+  ops = step.graph.get_operations()
+  products = [op for op in ops if op.type in ('Conv2D', 'MatMul')]
+  assert len([op for op in products if op.type == 'Conv2D']) == 2
+  assert {op.get_attr('T') for op in products} == {tf.bfloat16}
+  with step.graph.as_default():
+    variables = tf.compat.v1.trainable_variables()
+  assert {v.dtype.base_dtype for v in variables} == {tf.float32}
+  # 5*5*1*32+32, 5*5*32*32+32, 7*7*32*1024+1024, 1024*10+10
+  assert sum(v.shape.num_elements() for v in variables) == 1643370
+  assert any(op.type == 'MulNoNan' for op in ops)  # the dropout's masks
+
+
 @pytest.mark.parametrize('names, itself, each_other', [
     (('a', 'b'), 4, 4), (('f32', 'ours', 'rewrite'), 0, 4)])
 def test_every_variant_follows_every_variant_equally_often(
