@@ -248,23 +248,77 @@ class LayoutTest(tf.test.TestCase):
         'estimator_bf16/high/b.py:1 imports estimator_bf16.low.a',
         'estimator_bf16/high/b.py:2 imports estimator_bf16'])
 
-  def test_readme_layout_names_every_folder_and_existing_modules(self):
+  def test_readme_layout_names_every_folder_and_module(self):
     with open(os.path.join(_REPO, 'README.md')) as f:
       readme = f.read()
-    section = readme[readme.index('## Repository layout'):]
-    section = section[:section.index('\n## ', 1)]
-    for entry in os.listdir(_PACKAGE):
-      if os.path.isdir(os.path.join(_PACKAGE, entry)) and (
-          entry != '__pycache__'):
-        self.assertIn('`estimator_bf16/%s/`' % entry, section)
-    # Every module the table names, relative to the folder of its row.
-    for row in re.findall(r'^\| `estimator_bf16/([\w/]+)/` \|(.*)$', section,
-                          re.M):
-      folder, text = row
-      for module in re.findall(r'`([\w/]+\.py)`', text):
-        self.assertTrue(
-            os.path.exists(os.path.join(_PACKAGE, folder, module)),
-            'README names estimator_bf16/%s/%s' % (folder, module))
+    self.assertEqual(layout_problems(_layout_section(readme), _PACKAGE), [])
+
+  def test_the_layout_check_sees_an_unlisted_and_a_missing_module(self):
+    package = os.path.join(self.create_tempdir().full_path, 'estimator_bf16')
+    for name in ('__init__.py', '__main__.py', 'levers/__init__.py',
+                 'levers/apply.py', 'levers/recompute.py',
+                 'models/styles/keras_style.py', 'models/head.py'):
+      os.makedirs(os.path.dirname(os.path.join(package, name)),
+                  exist_ok=True)
+      open(os.path.join(package, name), 'w').close()
+    os.makedirs(os.path.join(package, 'safety'))
+    section = '\n'.join((
+        '| `estimator_bf16/` | `__init__.py`, `__main__.py` |',
+        '| `estimator_bf16/levers/` | `apply.py`, `accumulation.py` |',
+        '| `estimator_bf16/models/` | `head.py`, `styles/` |'))
+    self.assertEqual(layout_problems(section, package), [
+        'estimator_bf16/safety/ has no row',
+        'estimator_bf16/levers/accumulation.py is named but does not exist',
+        'estimator_bf16/levers/recompute.py is not named in its row'])
+
+
+def _layout_section(readme):
+  """The README's "Repository layout" section."""
+  section = readme[readme.index('## Repository layout'):]
+  return section[:section.index('\n## ', 1)]
+
+
+def layout_problems(section, package_dir):
+  """What breaks "the layout table names every folder and module", as strings.
+
+  Args:
+    section: the table's Markdown: rows `| `estimator_bf16/FOLDER/` | ... |`
+      naming modules as `name.py`, relative to the row's folder, and a
+      sub-folder without a row of its own as `sub/`.
+    package_dir: the package's folder on disk.
+  """
+  rows = dict(re.findall(r'^\| `estimator_bf16/([\w/]*)` \|(.*)$', section,
+                         re.M))
+  problems = []
+  for root, dirs, files in os.walk(package_dir):
+    dirs[:] = sorted(d for d in dirs if d != '__pycache__')
+    folder = os.path.relpath(root, package_dir).replace(os.sep, '/')
+    folder = '' if folder == '.' else folder + '/'
+    # The deepest folder with a row of its own holds this one's modules.
+    owner = folder
+    while owner and owner not in rows:
+      owner = owner[:owner.rstrip('/').rfind('/') + 1]
+    if owner not in rows or (owner != folder and folder.count('/') == 1):
+      problems.append('estimator_bf16/%s has no row' % folder)
+      continue
+    for name in sorted(files):
+      if not name.endswith('.py') or (name == '__init__.py' and folder):
+        continue
+      relative = folder[len(owner):] + name
+      named = ('`%s`' % relative in rows[owner] or
+               '`%s/`' % relative.split('/')[0] in rows[owner])
+      if not named:
+        problems.append('estimator_bf16/%s%s is not named in its row' %
+                        (folder, name))
+  # The package's own row is prose about the whole repository.
+  for owner, text in sorted(rows.items()):
+    if not owner:
+      continue
+    for module in re.findall(r'`([\w/]+\.py)`', text):
+      if not os.path.exists(os.path.join(package_dir, owner, module)):
+        problems.append('estimator_bf16/%s%s is named but does not exist' %
+                        (owner, module))
+  return sorted(problems, key=lambda p: ('has no row' not in p, p))
 
 
 # The tests that are about the repository as a whole rather than one
