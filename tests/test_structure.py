@@ -360,6 +360,17 @@ def mirror_problems(tests_dir, package_dir):
   return problems
 
 
+class BenchmarksIndexTest(tf.test.TestCase):
+
+  def test_the_benchmarks_docstring_lists_exactly_its_modules(self):
+    import benchmarks  # pylint: disable=g-import-not-at-top
+    listed = set(re.findall(r'^- `(\w+)`', benchmarks.__doc__, re.M))
+    folder = os.path.join(_REPO, 'benchmarks')
+    have = {name[:-3] for name in os.listdir(folder)
+            if name.endswith('.py') and name != '__init__.py'}
+    self.assertEqual(listed, have)
+
+
 class TestsMirrorThePackageTest(tf.test.TestCase):
   """tests/ mirrors the package: the test of levers/recompute.py is
   tests/levers/test_recompute.py."""
