@@ -18,7 +18,6 @@ builder function and an entry in `benchmarks.graphs.FAMILIES`.
 import dataclasses
 from typing import Any, Tuple
 
-MiB = 2**20
 # The variant name of TensorFlow's oneDNN bfloat16 rewrite of the float32
 # graph (a session option), in results, reports and tables.
 REWRITE = 'onednn_rewrite'

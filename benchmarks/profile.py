@@ -30,6 +30,7 @@ from benchmarks import configs
 from benchmarks import graphs
 from estimator_bf16.precision import op_lists
 from estimator_bf16.precision import policy
+from estimator_bf16.platform.tpu import MiB
 
 VARIANTS = policy.PRECISIONS + (configs.REWRITE,)
 _OP_TYPE = re.compile(r'= (\w+)\(')
@@ -181,7 +182,7 @@ def table(name, results):
       cell = '%.0f' % (r['micros'].get(category, 0) / 1e3)
       if category.startswith('cast_'):
         cell += ' (%d, %.1f)' % (r['casts'].get(category, 0),
-                                 r['cast_bytes'].get(category, 0) / 2.0**20)
+                                 r['cast_bytes'].get(category, 0) / MiB)
       cells.append(cell)
     lines.append('| %s | %.0f | %s |' % (variant, r['total_micros'] / 1e3,
                                          ' | '.join(cells)))

@@ -12,8 +12,8 @@ from benchmarks import kernel_table
 from benchmarks.configs import REWRITE
 from estimator_bf16.precision import op_lists
 from estimator_bf16.precision import policy
+from estimator_bf16.platform.tpu import MiB
 
-MiB = 2.0**20
 
 
 def _fmt(value, spec='%.2f', missing='n/a'):

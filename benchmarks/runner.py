@@ -16,7 +16,6 @@ import time
 from absl import logging
 
 from benchmarks import configs
-from benchmarks.configs import MiB
 from benchmarks.configs import REWRITE
 from benchmarks import convergence
 from benchmarks import env as env_lib
@@ -32,6 +31,7 @@ from benchmarks import throughput
 from benchmarks import xla_levers
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.precision import policy
+from estimator_bf16.platform.tpu import MiB
 
 PRECISIONS = policy.PRECISIONS
 # float32, ours, and TensorFlow's oneDNN bfloat16 rewrite of the float32

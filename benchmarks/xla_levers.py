@@ -24,11 +24,11 @@ from benchmarks import graphs
 from benchmarks import planning
 from estimator_bf16.memory import xla_step
 from estimator_bf16.precision import policy
+from estimator_bf16.platform.tpu import MiB
 
 # Steps per compiled loop, and the timed rounds of `recompute_rows`.
 _LOOP_STEPS = 2
 _LOOPS = 3
-MiB = 2.0**20
 
 # The lever combinations of `planner_rows`: (name, K, recompute).
 LEVER_COMBINATIONS = (('plain', 1, False), ('accumulate', 4, False),

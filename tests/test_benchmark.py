@@ -24,6 +24,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 from estimator_bf16.memory import peak as memory_lib
+from estimator_bf16.platform import tpu
 from estimator_bf16.platform import cpu_bfloat16
 from benchmarks import configs
 from benchmarks import graphs
@@ -36,7 +37,7 @@ from benchmarks import throughput
 from scripts import benchmark as benchmark_program
 from scripts import update_readme
 
-MiB = configs.MiB
+MiB = tpu.MiB
 
 
 def _tiny_config():

@@ -411,6 +411,17 @@ class OneHomePerFactTest(tf.test.TestCase):
         op_lists.BATCH_NORM_OPS | op_lists.BATCH_NORM_GRAD_OPS |
         op_lists.CONTROL_FLOW_OPS | op_lists.REF_CONTROL_FLOW_OPS), [])
 
+  def test_one_mebibyte(self):
+    # MiB has one home, platform/tpu.py, beside GiB; the rest import it.
+    spelled = re.compile(r'\b2(\.0)? *\*\* *20\b|^\s*MiB\s*=', re.M)
+    home = os.path.join('estimator_bf16', 'platform', 'tpu.py')
+    found = []
+    for path in _op_name_scan_paths():
+      with open(path) as f:
+        if spelled.search(f.read()):
+          found.append(os.path.relpath(path, _REPO))
+    self.assertEqual(found, [home])
+
   def test_the_op_name_scan_reads_benchmarks_and_scripts(self):
     scanned = {os.path.relpath(path, _REPO).split(os.sep)[0]
                for path in _op_name_scan_paths()}

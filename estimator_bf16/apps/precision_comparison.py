@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_bf16.platform import cpu_bfloat16
+from estimator_bf16.platform.tpu import MiB
 
 LOSS_TAG = 'train/loss'
 
@@ -71,7 +72,7 @@ def summary_row(result, loss_values, peak_bytes):
       'final_train_loss': (float(np.mean(loss_values[-tail:]))
                            if len(loss_values) else None),
       'examples_per_sec': result['examples_per_sec'],
-      'peak_mib': peak_bytes / 2.0**20 if peak_bytes else None,
+      'peak_mib': peak_bytes / MiB if peak_bytes else None,
       'window_rates': list(result.get('window_rates') or []),
   }
 

@@ -23,10 +23,10 @@ import re
 from typing import Optional, Tuple
 
 from estimator_bf16.platform import tpu
+from estimator_bf16.platform.tpu import MiB
 from estimator_bf16.memory import planner
 from estimator_bf16.precision import policy as precision_lib
 
-MiB = 2**20
 GiB = tpu.GiB
 
 # Memory of one core or chip of each TPU a fit plans for (platform/tpu.py).

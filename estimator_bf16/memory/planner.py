@@ -226,9 +226,9 @@ class MemoryPlan:
                       sorted(self.max_batch_per_core().items()))
     return ('%s/%s: params %.1f MiB, slots %.1f MiB, state %.1f MiB, fixed '
             '%.1f MiB, %.2f MiB per example; max batch %s' % (
-                self.precision, self.optimizer, self.parameter_bytes / 2**20,
-                self.slot_bytes / 2**20, self.state_bytes / 2**20,
-                self.fixed_bytes / 2**20, self.bytes_per_example / 2**20,
+                self.precision, self.optimizer, self.parameter_bytes / tpu.MiB,
+                self.slot_bytes / tpu.MiB, self.state_bytes / tpu.MiB,
+                self.fixed_bytes / tpu.MiB, self.bytes_per_example / tpu.MiB,
                 cores))
 
 

@@ -4,6 +4,9 @@ The one home of what the package knows about TPU hardware: the training
 loop, the submission program, the memory planner and the fit read it here.
 """
 
+# Binary units of every byte figure the package prints or plans: their one
+# home.
+MiB = 2**20
 GiB = 2**30
 
 # Cores of one TPU v2-8 / v3-8 board: the shards a TPU job runs on unless

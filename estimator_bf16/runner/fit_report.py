@@ -9,8 +9,8 @@ entry of the `--report` JSON.
 import dataclasses
 
 from estimator_bf16.memory import fit as fit_lib
+from estimator_bf16.platform.tpu import MiB
 
-MiB = fit_lib.MiB
 BOARD_LINE = ('A v2-8 / v3-8 board has 8 cores; the global batch is 8x the '
               'per-core batch.')
 

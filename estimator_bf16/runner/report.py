@@ -14,6 +14,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.platform import tpu as tpu_facts
+from estimator_bf16.platform.tpu import MiB
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import peak as peak_lib
 from estimator_bf16.memory import slots as slots_lib
@@ -22,7 +23,6 @@ from estimator_bf16.runner import fit_report
 from estimator_bf16.runner import xla_check
 
 PLAN_OPTIMIZERS = ('adam', 'adafactor')
-MiB = 2.0**20
 
 
 def memory_plans(train_graph, precisions=eb.PRECISIONS,

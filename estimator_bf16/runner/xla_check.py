@@ -13,7 +13,7 @@ from typing import Optional
 
 import estimator_bf16 as eb
 from estimator_bf16.memory import xla_step
-from estimator_bf16.memory import fit as fit_lib
+from estimator_bf16.platform.tpu import MiB
 from estimator_bf16.precision import policy as precision_lib
 
 # Steps per compiled loop (input batches stacked into its arguments). One
@@ -148,14 +148,14 @@ def report_lines(result):
       '  %.1f MiB per step: the buffer assignment\'s %.1f MiB total, less '
       '%.1f MiB of variables passed in (their new values stay counted: a TPU '
       'holds them once) and %.1f MiB of the loop\'s other input batches' % (
-          step.step_bytes / fit_lib.MiB, step.total_bytes / fit_lib.MiB,
-          step.variable_bytes / fit_lib.MiB,
+          step.step_bytes / MiB, step.total_bytes / MiB,
+          step.variable_bytes / MiB,
           (step.total_bytes - step.variable_bytes - step.step_bytes)
-          / fit_lib.MiB)]
+          / MiB)]
   if check.planned_bytes:
     lines.append('  planned as XLA compiles it: %.1f MiB (%+.1f%% of XLA\'s '
                  'figure)' % (
-        check.planned_bytes / fit_lib.MiB,
+        check.planned_bytes / MiB,
         100.0 * (check.planned_bytes / step.step_bytes - 1)))
   elif check.plan_error:
     lines.append('  planned: not available (%s)' % check.plan_error)

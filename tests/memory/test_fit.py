@@ -20,6 +20,7 @@ from estimator_bf16.memory import planner
 from estimator_bf16.memory import slots
 from estimator_bf16.models import digits
 from estimator_bf16.platform import cpu_bfloat16
+from estimator_bf16.platform import tpu
 from estimator_bf16.precision import policy
 from estimator_bf16.runner import fit_report
 from tests.support import legacy_model
@@ -27,7 +28,7 @@ from tests.support import cli_refusal
 from tests.platform import test_quiet
 from tests.runner import test_runner
 
-MiB = fit.MiB
+MiB = tpu.MiB
 
 
 def _plan(precision, per_example_mib, parameters_mib=100, slots_mib=200):

@@ -18,12 +18,13 @@ import os
 
 from estimator_bf16.apps.tpu_submit import command_runner as runner_lib
 from estimator_bf16.apps.tpu_submit import validation
+from estimator_bf16.platform.tpu import MiB
 from estimator_bf16.precision import policy
 
 # What --program runs in without --precision: the point of the package.
 DEFAULT_PRECISION = 'bfloat16'
 # The folder travels with every run; data belongs in Cloud Storage.
-MAX_FOLDER_BYTES = 50 * 2**20
+MAX_FOLDER_BYTES = 50 * MiB
 _NO_TPU_ARGS = ('--use_tpu=false', '--use_tpu=False', '--use_tpu=0',
                 '--nouse_tpu')
 
@@ -137,7 +138,7 @@ def plan(args):
         '--program=%s: its folder %s holds more than %d MiB, and the whole '
         'folder is copied to the TPU host. Keep data in Cloud Storage and the '
         'program in a folder with its own modules only.' % (
-            path, folder, MAX_FOLDER_BYTES // 2**20))
+            path, folder, MAX_FOLDER_BYTES // MiB))
   _check_program_args(args.trainer_args)
   return Program(folder, '%s/%s' % (os.path.basename(folder),
                                     os.path.basename(path)), precision,
