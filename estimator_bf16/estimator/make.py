@@ -1,8 +1,9 @@
 """make_tpu_estimator: a TPUEstimator around a wrapped model_fn.
 
 Two backends build it. On TensorFlow 2.15, `'tf_estimator'`: the real
-`tf.compat.v1.estimator.tpu.TPUEstimator` (this is the only module that
-touches `tf.compat.v1.estimator`). On 2.16+, `'compat'`:
+`tf.compat.v1.estimator.tpu.TPUEstimator` (the one module that builds it
+for the library; `platform/backend.py` only checks that it is there, and
+the runner patches the program's own Estimators). On 2.16+, `'compat'`:
 `estimator_bf16.compat.TPUEstimator`, the same API on the CPU/GPU. The
 precision logic (wrappers) is the same for both.
 
