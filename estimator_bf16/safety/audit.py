@@ -239,6 +239,135 @@ def _dtype_names(op):
   return tuple(t.dtype.base_dtype.name for t in op.inputs)
 
 
+@dataclasses.dataclass
+class _Scan:
+  """What one pass over a graph's ops found (see `_scan`).
+
+  Attributes:
+    half_vars: (variable op name, dtype name) of 16-bit variables.
+    mixed_ops: (op name, op type, input dtype names) of ops that mix float
+      dtypes where they should not.
+    made_at: op name -> ' (made at file:line (function))' or '', for the
+      ops of the two lists above.
+    flops: dtype name -> matmul/conv FLOPs computed in it.
+    float32_ops: (FLOPs, op) of the matmul/conv ops computing in float32.
+    num_casts: Cast ops the graph holds (CPU substitutions' aside).
+    substituted: op type -> ops computed in float32 by `cpu_kernels`.
+    num_ops: ops in the graph.
+  """
+  half_vars: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+  mixed_ops: List[Tuple[str, str, List[str]]] = dataclasses.field(
+      default_factory=list)
+  made_at: Dict[str, str] = dataclasses.field(default_factory=dict)
+  flops: Dict[str, float] = dataclasses.field(default_factory=dict)
+  float32_ops: List[Tuple[float, tf.Operation]] = dataclasses.field(
+      default_factory=list)
+  num_casts: int = 0
+  substituted: Dict[str, int] = dataclasses.field(default_factory=dict)
+  num_ops: int = 0
+
+
+def _scan(operations):
+  """One pass over `operations`: the `_Scan` of what the audit reads."""
+  found = _Scan(num_ops=len(operations))
+  for op in operations:
+    if cpu_kernels.is_substituted(op):
+      if op.type not in ('Cast', 'Const'):
+        found.substituted[op.type] = found.substituted.get(op.type, 0) + 1
+    elif op.type == 'Cast':
+      found.num_casts += 1
+    if op.type in op_lists.VARIABLE_OPS:
+      dtype = tf.as_dtype(op.get_attr('dtype')).base_dtype
+      if dtype in HALF_DTYPES:
+        found.half_vars.append((op.name, dtype.name))
+        found.made_at[op.name] = _made_at(op)
+      continue
+    dtypes = _float_input_dtypes(op)
+    if op.type in _ALWAYS_MIXED or (
+        len(dtypes) > 1 and op.type not in _MIXED_ALLOWED):
+      found.mixed_ops.append((op.name, op.type, _dtype_names(op)))
+      found.made_at[op.name] = _made_at(op)
+    counter = _FLOP_COUNTERS.get(op.type)
+    if counter is not None:
+      dtype = compute_dtype(op)
+      count = counter(op)
+      found.flops[dtype.name] = found.flops.get(dtype.name, 0.0) + count
+      if dtype == tf.float32:
+        found.float32_ops.append((count, op))
+  return found
+
+
+def _variable_problems(found, trainable):
+  """A problem line per 16-bit variable; `trainable`: their op names."""
+  problems = []
+  for name, dtype in found.half_vars:
+    if name in trainable:
+      why = ('It was probably made by a Keras layer (which ignores the '
+             'bfloat16 scope) or by an explicit dtype; build it with '
+             'tf.compat.v1.get_variable / tf.compat.v1.layers inside '
+             'eb.bfloat16_scope instead.')
+    else:
+      why = ('It is a state variable (not trainable), which keeps the dtype '
+             'it was made with; make it float32 and cast where it is read.')
+    problems.append(
+        'variable %r%s is stored as %s: master weights must be float32. %s'
+        % (name, found.made_at[name], dtype, why))
+  return problems
+
+
+def _mixed_op_problems(found):
+  """A problem line per op that mixes float dtypes."""
+  problems = []
+  for name, op_type, in_dtypes in found.mixed_ops:
+    if op_type == op_lists.SPARSE_MATMUL_OP:
+      problems.append(
+          'op %r%s is a SparseMatMul with inputs %s: it computes in float32. '
+          'tf.matmul makes one when bfloat16 meets float32 (or for a_is_sparse'
+          '/b_is_sparse); build the model under eb.wrap_model_fn, whose '
+          'autocast makes it a bfloat16 MatMul, or cast both inputs.'
+          % (name, found.made_at[name], ' x '.join(in_dtypes)))
+      continue
+    problems.append(
+        'op %r (%s)%s mixes dtypes %s: a float32 tensor meets bfloat16 '
+        'activations. Build it under eb.wrap_model_fn (autocast unifies '
+        'them) or cast it with tf.cast.' % (name, op_type,
+                                           found.made_at[name],
+                                           ', '.join(in_dtypes)))
+  return problems
+
+
+def _loss_problems(loss):
+  """The problem line of a loss that is not float32, if it is not."""
+  if loss is None or loss.dtype.base_dtype == tf.float32:
+    return []
+  return [
+      'the loss %r%s is %s: TPU training loops need a float32 loss, and a '
+      'loss reduced in 16 bits loses accuracy. Use tf.compat.v1.losses '
+      '(computed in float32 by the wrapper) or cast the logits with '
+      'tf.cast(logits, tf.float32) before the loss.'
+      % (loss.name, _made_at(loss.op), loss.dtype.base_dtype.name)]
+
+
+def _largest_float32(found):
+  """(name, type, FLOPs, where made) of the largest float32 matmul/convs."""
+  largest = sorted(found.float32_ops, key=lambda pair: -pair[0])
+  return [(op.name, op.type, count, where_made(op))
+          for count, op in largest[:_LARGEST_SHOWN]]
+
+
+def _share_problems(share, min_bfloat16_share, largest):
+  """The problem line of a bfloat16 FLOP share below the minimum."""
+  if min_bfloat16_share is None or share >= min_bfloat16_share:
+    return []
+  return [
+      'only %.1f%% of matmul/conv FLOPs run in bfloat16 (at least %.0f%% '
+      'expected under precision bfloat16). The largest float32 ones:\n  %s'
+      % (100 * share, 100 * min_bfloat16_share, '\n  '.join(
+          '%s (%s, %.3g FLOPs)%s' % (name, op_type, count,
+                                     ' made at ' + where if where else '')
+          for name, op_type, count, where in largest))]
+
+
 def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
   """Audits a built graph for bfloat16 mistakes.
 
@@ -258,95 +387,23 @@ def check_graph(graph=None, strict=True, loss=None, min_bfloat16_share=None):
       lists each offending variable / op and what to do.
   """
   graph = graph or tf.compat.v1.get_default_graph()
-  half_vars, mixed_ops, problems = [], [], []
-  made_at = {}  # op name -> ' (made at file:line (function))' or ''
-  flops = {}
-  float32_ops = []
-  num_casts = 0
-  substituted = {}
-  operations = graph.get_operations()
-  for op in operations:
-    if cpu_kernels.is_substituted(op):
-      if op.type not in ('Cast', 'Const'):
-        substituted[op.type] = substituted.get(op.type, 0) + 1
-    elif op.type == 'Cast':
-      num_casts += 1
-    if op.type in op_lists.VARIABLE_OPS:
-      dtype = tf.as_dtype(op.get_attr('dtype')).base_dtype
-      if dtype in HALF_DTYPES:
-        half_vars.append((op.name, dtype.name))
-        made_at[op.name] = _made_at(op)
-      continue
-    dtypes = _float_input_dtypes(op)
-    if op.type in _ALWAYS_MIXED or (
-        len(dtypes) > 1 and op.type not in _MIXED_ALLOWED):
-      mixed_ops.append((op.name, op.type, _dtype_names(op)))
-      made_at[op.name] = _made_at(op)
-    counter = _FLOP_COUNTERS.get(op.type)
-    if counter is not None:
-      dtype = compute_dtype(op)
-      count = counter(op)
-      flops[dtype.name] = flops.get(dtype.name, 0.0) + count
-      if dtype == tf.float32:
-        float32_ops.append((count, op))
-
+  found = _scan(graph.get_operations())
   trainable = {v.op.name for v in graph.get_collection(
       tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
-  for name, dtype in half_vars:
-    if name in trainable:
-      why = ('It was probably made by a Keras layer (which ignores the '
-             'bfloat16 scope) or by an explicit dtype; build it with '
-             'tf.compat.v1.get_variable / tf.compat.v1.layers inside '
-             'eb.bfloat16_scope instead.')
-    else:
-      why = ('It is a state variable (not trainable), which keeps the dtype '
-             'it was made with; make it float32 and cast where it is read.')
-    problems.append(
-        'variable %r%s is stored as %s: master weights must be float32. %s'
-        % (name, made_at[name], dtype, why))
-  for name, op_type, in_dtypes in mixed_ops:
-    if op_type == op_lists.SPARSE_MATMUL_OP:
-      problems.append(
-          'op %r%s is a SparseMatMul with inputs %s: it computes in float32. '
-          'tf.matmul makes one when bfloat16 meets float32 (or for a_is_sparse'
-          '/b_is_sparse); build the model under eb.wrap_model_fn, whose '
-          'autocast makes it a bfloat16 MatMul, or cast both inputs.'
-          % (name, made_at[name], ' x '.join(in_dtypes)))
-      continue
-    problems.append(
-        'op %r (%s)%s mixes dtypes %s: a float32 tensor meets bfloat16 '
-        'activations. Build it under eb.wrap_model_fn (autocast unifies '
-        'them) or cast it with tf.cast.' % (name, op_type, made_at[name],
-                                           ', '.join(in_dtypes)))
-  loss_dtype = None
-  if loss is not None:
-    loss_dtype = loss.dtype.base_dtype.name
-    if loss.dtype.base_dtype != tf.float32:
-      problems.append(
-          'the loss %r%s is %s: TPU training loops need a float32 loss, and a '
-          'loss reduced in 16 bits loses accuracy. Use tf.compat.v1.losses '
-          '(computed in float32 by the wrapper) or cast the logits with '
-          'tf.cast(logits, tf.float32) before the loss.'
-          % (loss.name, _made_at(loss.op), loss_dtype))
-  total = sum(flops.values())
-  share = (flops.get('bfloat16', 0.0) / total) if total else 0.0
-  float32_ops.sort(key=lambda pair: -pair[0])
-  largest = [(op.name, op.type, count, where_made(op))
-             for count, op in float32_ops[:_LARGEST_SHOWN]]
-  if min_bfloat16_share is not None and total and share < min_bfloat16_share:
-    problems.append(
-        'only %.1f%% of matmul/conv FLOPs run in bfloat16 (at least %.0f%% '
-        'expected under precision bfloat16). The largest float32 ones:\n  %s'
-        % (100 * share, 100 * min_bfloat16_share, '\n  '.join(
-            '%s (%s, %.3g FLOPs)%s' % (name, op_type, count,
-                                       ' made at ' + where if where else '')
-            for name, op_type, count, where in largest)))
+  total = sum(found.flops.values())
+  share = (found.flops.get('bfloat16', 0.0) / total) if total else 0.0
+  largest = _largest_float32(found)
+  problems = (_variable_problems(found, trainable) +
+              _mixed_op_problems(found) + _loss_problems(loss) +
+              (_share_problems(share, min_bfloat16_share, largest)
+               if total else []))
   report = GraphReport(
-      half_precision_variables=half_vars, mixed_precision_ops=mixed_ops,
-      loss_dtype=loss_dtype, flops_by_dtype=flops,
-      bfloat16_flop_share=share, num_ops=len(operations),
-      num_casts=num_casts, problems=problems, largest_float32_ops=largest,
-      cpu_substituted_ops=substituted)
+      half_precision_variables=found.half_vars,
+      mixed_precision_ops=found.mixed_ops,
+      loss_dtype=None if loss is None else loss.dtype.base_dtype.name,
+      flops_by_dtype=found.flops, bfloat16_flop_share=share,
+      num_ops=found.num_ops, num_casts=found.num_casts, problems=problems,
+      largest_float32_ops=largest, cpu_substituted_ops=found.substituted)
   if strict and problems:
     raise PrecisionError('check_graph found %d problem(s):\n- %s' % (
         len(problems), '\n- '.join(problems)))
