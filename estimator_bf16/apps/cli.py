@@ -263,19 +263,9 @@ def main(argv=None):
     args.precision = policy.parse_precision(args.precision or 'bfloat16')
   except ValueError as e:
     return _error('--%s' % e)
-  if args.audit not in audit_lib.AUDIT_MODES:
-    return _error('--audit must be one of %s, got %r.' % (
-        ', '.join(audit_lib.AUDIT_MODES), args.audit))
-  if getattr(args, 'seed', None) is not None and args.seed < 0:
-    return _error('--seed must be an integer >= 0, got %d.' % args.seed)
-  if args.accumulate < 1:
-    return _error('--accumulate must be an integer >= 1 (micro-batches per '
-                  'update), got %d.' % args.accumulate)
-  xla_steps = getattr(args, 'xla_steps', xla_check.XLA_STEPS)
-  if xla_steps != xla_check.XLA_STEPS and not args.xla:
-    return _error('--xla_steps needs --xla.')
-  if xla_steps < 0:
-    return _error('--xla_steps must be an integer >= 0, got %d.' % xla_steps)
+  problem = _option_problem(args)
+  if problem:
+    return _error(problem)
   # Before TensorFlow reads them (see the module docstring).
   _set_environment(args)
   budget = None
@@ -293,20 +283,11 @@ def main(argv=None):
     cpu_bfloat16.warn_if_emulated(kernels=args.kernels)
 
   check = args.command == 'check'
-  plan_fn = None
   # A --precision given wins over the fit: only its rows are planned.
   precisions = ((args.precision,) if precision_given else policy.PRECISIONS)
   if budget is not None and not check:
     return _run_fit(args, budget, precisions, exclude)
-  if budget is not None:
-    plan_fn = functools.partial(
-        run_report.fit_plans, budget_bytes=budget, precisions=precisions,
-        tpu=(args.device or '').startswith('tpu-'))
-  elif check:
-    plan_fn = functools.partial(
-        run_report.memory_plans,
-        gradient_accumulation_steps=args.accumulate,
-        recompute=args.recompute)
+  plan_fn = _plan_fn(args, budget, precisions, check)
   xla_fn = None
   if getattr(args, 'xla', False):
     xla_fn = functools.partial(xla_check.xla_check, steps=args.xla_steps)
@@ -326,6 +307,43 @@ def main(argv=None):
     # The program's own Ctrl-C is handled by the runner; this one came
     # outside it, in check mode while planning (minutes for BERT-base).
     return _interrupted(check)
+  return _report(args, result, budget, check)
+
+
+def _option_problem(args):
+  """The one-line reason the options (beyond the precision) are not valid."""
+  if args.audit not in audit_lib.AUDIT_MODES:
+    return '--audit must be one of %s, got %r.' % (
+        ', '.join(audit_lib.AUDIT_MODES), args.audit)
+  if getattr(args, 'seed', None) is not None and args.seed < 0:
+    return '--seed must be an integer >= 0, got %d.' % args.seed
+  if args.accumulate < 1:
+    return ('--accumulate must be an integer >= 1 (micro-batches per '
+            'update), got %d.' % args.accumulate)
+  xla_steps = getattr(args, 'xla_steps', xla_check.XLA_STEPS)
+  if xla_steps != xla_check.XLA_STEPS and not args.xla:
+    return '--xla_steps needs --xla.'
+  if xla_steps < 0:
+    return '--xla_steps must be an integer >= 0, got %d.' % xla_steps
+  return None
+
+
+def _plan_fn(args, budget, precisions, check):
+  """What `run_program` plans with: the fit's table, `check`'s plan, or None."""
+  if budget is not None:
+    return functools.partial(
+        run_report.fit_plans, budget_bytes=budget, precisions=precisions,
+        tpu=(args.device or '').startswith('tpu-'))
+  if check:
+    return functools.partial(
+        run_report.memory_plans,
+        gradient_accumulation_steps=args.accumulate,
+        recompute=args.recompute)
+  return None
+
+
+def _report(args, result, budget, check):
+  """Prints the report, writes --report; returns the command's exit code."""
   sys.stdout.flush()
   code = result.exit_code
   if check:
@@ -346,7 +364,7 @@ def main(argv=None):
     print(run_report.format_run_report(result), end='', file=sys.stderr,
           flush=True)
   _explain_misplaced(args, result)
-  return code if check else result.exit_code
+  return code
 
 
 def _explain_misplaced(args, result):
