@@ -89,6 +89,51 @@ def _spelled_outside_op_lists(names, in_patterns=False):
   return spelled
 
 
+# Strings that equal a registered op type but name something else.
+_NOT_OP_TYPES = {
+    (os.path.join('estimator_bf16', 'memory', 'fit.py'), 'B'):
+        'the unit of bytes in a size such as 512B',
+    (os.path.join('estimator_bf16', 'platform', 'slim_repair.py'), 'Assert'):
+        'the module attribute tf-slim reads, tf.compat.v1.Assert',
+}
+
+
+def op_types_spelled(paths, root):
+  """'path:line 'Name'' for each string in `paths` that is an op type.
+
+  A string constant (docstrings aside) equal to a registered TensorFlow op
+  type is one, unless `_NOT_OP_TYPES` says it names something else there.
+  """
+  from tensorflow.python.framework import op_def_registry  # pylint: disable=g-import-not-at-top
+  spelled = []
+  for path in paths:
+    relative = os.path.relpath(path, root)
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef,
+                                       ast.FunctionDef)) and node.body and
+                  isinstance(node.body[0], ast.Expr)}
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Constant) and isinstance(node.value, str) and
+          id(node) not in docstrings and node.value and
+          (relative, node.value) not in _NOT_OP_TYPES and
+          op_def_registry.get(node.value) is not None):
+        spelled.append('%s:%d %r' % (relative, node.lineno, node.value))
+  return spelled
+
+
+def _package_paths():
+  """The package's .py files but op_lists.py, the one home of op types."""
+  home = os.path.join(_PACKAGE, 'precision', 'op_lists.py')
+  for root, dirs, files in os.walk(_PACKAGE):
+    dirs[:] = sorted(d for d in dirs if d != '__pycache__')
+    for name in sorted(files):
+      path = os.path.join(root, name)
+      if name.endswith('.py') and path != home:
+        yield path
+
+
 def _layer_order(readme):
   """Top-level folders of the package in the README layout table's order."""
   section = readme[readme.index('## Repository layout'):]
@@ -422,6 +467,18 @@ class OneHomePerFactTest(tf.test.TestCase):
           found.append(os.path.relpath(path, _REPO))
     self.assertEqual(found, [home])
 
+  def test_no_op_type_spelled_outside_op_lists(self):
+    self.assertEqual(op_types_spelled(_package_paths(), _REPO), [])
+
+  def test_the_op_type_scan_sees_a_comparison_and_a_list(self):
+    folder = self.create_tempdir().full_path
+    path = os.path.join(folder, 'module.py')
+    with open(path, 'w') as f:
+      f.write('"""Cast."""\n_OPS = frozenset([\'Relu\', \'relu\'])\n'
+              'def f(op):\n  """Mul."""\n  return op.type == \'Cast\'\n')
+    self.assertEqual(op_types_spelled([path], folder),
+                     ["module.py:2 'Relu'", "module.py:5 'Cast'"])
+
   def test_the_op_name_scan_reads_benchmarks_and_scripts(self):
     scanned = {os.path.relpath(path, _REPO).split(os.sep)[0]
                for path in _op_name_scan_paths()}
@@ -431,6 +488,7 @@ class OneHomePerFactTest(tf.test.TestCase):
     from tensorflow.python.framework import op_def_registry  # pylint: disable=g-import-not-at-top
     lists = [value for name, value in vars(op_lists).items()
              if name.isupper() and isinstance(value, frozenset)]
+    lists.append(frozenset(vars(op_lists.OP).values()))
     unknown = sorted(
         op for ops in lists for op in ops
         # Grappler's fused ops exist only in the optimized graph.

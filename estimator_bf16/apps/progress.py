@@ -22,15 +22,17 @@ from absl import logging
 import tensorflow as tf
 import tqdm
 
+from estimator_bf16.precision import op_lists
+
 
 def _loss_tensor(graph):
   """The tensor of the graph's scalar summary tagged 'loss', or None."""
   for op in graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES):
     op = getattr(op, 'op', op)
-    if op.type != 'ScalarSummary' or len(op.inputs) != 2:
+    if op.type != op_lists.OP.ScalarSummary or len(op.inputs) != 2:
       continue
     tags = op.inputs[0]
-    if tags.op.type != 'Const':
+    if tags.op.type != op_lists.OP.Const:
       continue
     tag = tf.make_ndarray(tags.op.get_attr('value'))
     if getattr(tag, 'size', 1) == 1 and tag.item() in (b'loss', 'loss'):

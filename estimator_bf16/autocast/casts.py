@@ -14,6 +14,7 @@ from estimator_bf16.autocast import graph_queries
 from estimator_bf16.precision import rounding
 from estimator_bf16.autocast import slots as slots_lib
 from estimator_bf16.autocast import state
+from estimator_bf16.precision import op_lists
 
 # The dtypes between which autocast casts.
 FLOATS = frozenset([tf.bfloat16, tf.float32])
@@ -165,6 +166,7 @@ def _mixed_target(values):
   for _, value in values:
     if (slots_lib.dtype_of(value) == tf.bfloat16 and
         rounding.float32_original(value) is None and
-        not (isinstance(value, tf.Tensor) and value.op.type == 'Const')):
+        not (isinstance(value, tf.Tensor) and
+             value.op.type == op_lists.OP.Const)):
       return tf.bfloat16
   return tf.float32

@@ -140,7 +140,7 @@ def _cast_gradient(op, grad):
   if grad is None:
     return None
   back = tf.cast(grad, op.inputs[0].dtype)
-  if back.op.type == 'Cast':
+  if back.op.type == op_lists.OP.Cast:
     _mark(back.op, op.get_attr(SUBSTITUTED_ATTR).decode())
   return back
 
@@ -166,7 +166,7 @@ def _float32_input(value, wait_for):
   else:
     with tf.control_dependencies(wait_for):
       made = tf.cast(value, tf.float32, name='cpu_float32')
-  if made.op.type == 'Cast':
+  if made.op.type == op_lists.OP.Cast:
     _mark_cast(made.op, cpu_kind())
   return made
 
@@ -175,7 +175,7 @@ def _input_ops(keywords):
   """The ops that make the tensors among an op's keyword arguments."""
   ops = []
   for value in tf.nest.flatten(list(keywords.values())):
-    if isinstance(value, tf.Tensor) and value.op.type != 'Const':
+    if isinstance(value, tf.Tensor) and value.op.type != op_lists.OP.Const:
       if value.op not in ops:
         ops.append(value.op)
   return ops
@@ -232,7 +232,7 @@ def _late_float32(value, grads):
   source = graph_queries.bfloat16_source(value)
   if source is None:
     source = next((c.outputs[0] for c in value.consumers()
-                   if c.type == 'Cast' and
+                   if c.type == op_lists.OP.Cast and
                    c.outputs[0].dtype.base_dtype == tf.bfloat16), None)
   if source is None or value.dtype.base_dtype != tf.float32:
     return value

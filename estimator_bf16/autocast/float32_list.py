@@ -167,7 +167,8 @@ def _float32_original_of_cast(name, keywords):
       original.op.type in op_lists.FLOAT32_KEEP_DTYPE_OPS or
       not _float32_list_result(original)):
     return None
-  return state.original_apply_op('Identity', name=name, input=original)
+  return state.original_apply_op(op_lists.OP.Identity, name=name,
+                                 input=original)
 
 
 def float32_twin(op_def, op_type, keywords, result):
@@ -203,7 +204,7 @@ def float32_twin(op_def, op_type, keywords, result):
       dtype = slots_lib.dtype_of(value)
       if dtype == tf.bfloat16:
         original = rounding.float32_original(value)
-        if original is None and value.op.type != 'Const':
+        if original is None and value.op.type != op_lists.OP.Const:
           return  # A bfloat16 activation: the op is bfloat16 arithmetic.
         rounded = rounded or original is not None
         value = original if original is not None else tf.cast(value,

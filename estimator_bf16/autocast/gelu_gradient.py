@@ -44,9 +44,10 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
 from estimator_bf16.autocast import gradients as autocast_gradients
+from estimator_bf16.precision.op_lists import OP
 
 _GRADIENT = 'EstimatorBf16Gelu'
-_ADDS = frozenset(['Add', 'AddV2'])
+_ADDS = frozenset([OP.Add, OP.AddV2])
 
 # What the gradient needs of a matched chain: the input `x`, the `tanh`,
 # `erf` or `erfc` output `t` (`kind`: 'Tanh', 'Erf' or 'Erfc', where `t` is
@@ -60,10 +61,10 @@ Gelu = collections.namedtuple('Gelu', 'kind x t a c x_side scale')
 # Scalar arithmetic that code computes its constants with (Hugging Face's
 # `tf.sqrt(2.0 / pi)`), which `tf.get_static_value` does not fold.
 _SCALAR_OPS = {
-    'Sqrt': math.sqrt, 'Neg': lambda a: -a, 'Cast': lambda a: a,
-    'Mul': lambda a, b: a * b, 'RealDiv': lambda a, b: a / b,
-    'Div': lambda a, b: a / b, 'AddV2': lambda a, b: a + b,
-    'Add': lambda a, b: a + b, 'Sub': lambda a, b: a - b,
+    OP.Sqrt: math.sqrt, OP.Neg: lambda a: -a, OP.Cast: lambda a: a,
+    OP.Mul: lambda a, b: a * b, OP.RealDiv: lambda a, b: a / b,
+    OP.Div: lambda a, b: a / b, OP.AddV2: lambda a, b: a + b,
+    OP.Add: lambda a, b: a + b, OP.Sub: lambda a, b: a - b,
 }
 
 
@@ -130,13 +131,13 @@ def _split_scale(tensor):
 
 def _split_one_scale(tensor):
   """One constant factor off `tensor`: (k, t), or (1, tensor)."""
-  if tensor.op.type == 'Neg':
+  if tensor.op.type == OP.Neg:
     return -1.0, tensor.op.inputs[0]
-  if tensor.op.type == 'Mul':
+  if tensor.op.type == OP.Mul:
     found = _constant_operand(tensor.op)
     if found is not None:
       return found
-  if tensor.op.type in ('RealDiv', 'Div'):
+  if tensor.op.type in (OP.RealDiv, OP.Div):
     value = _scalar(tensor.op.inputs[1])
     if value:
       return 1.0 / value, tensor.op.inputs[0]
@@ -165,15 +166,15 @@ def _same(first, second):
 
 def _is_cube_of(tensor, x):
   """True if `tensor` is `pow(x, 3)` or a product of three `x`."""
-  if tensor.op.type == 'Pow':
+  if tensor.op.type == OP.Pow:
     base, exponent = tensor.op.inputs
     return _same(base, x) and _scalar(exponent) == 3.0
   factors, stack = [], [tensor]
   while stack and len(factors) <= 3:
     item = stack.pop()
-    if item.op.type == 'Mul' and not _same(item, x):
+    if item.op.type == OP.Mul and not _same(item, x):
       stack.extend(item.op.inputs)
-    elif item.op.type == 'Square' and not _same(item, x):
+    elif item.op.type == OP.Square and not _same(item, x):
       stack.extend([item.op.inputs[0]] * 2)
     else:
       factors.append(item)
@@ -212,31 +213,31 @@ def match(op):
   Returns:
     A `Gelu`, or None if `op` is anything else.
   """
-  if op.type != 'Mul' or not op.outputs[0].dtype.is_floating:
+  if op.type != OP.Mul or not op.outputs[0].dtype.is_floating:
     return None
   for x_side in (0, 1):
     scale, x = _split_scale(op.inputs[x_side])
     factor, one_plus = _split_scale(op.inputs[1 - x_side])
     if scale * factor != 0.5:
       continue
-    if one_plus.op.type == 'Erfc':
+    if one_plus.op.type == OP.Erfc:
       # erfc(-c * x) = 1 + erf(c * x): TensorFlow 2.16+'s exact gelu.
       c = _erf_argument(one_plus, x)
       if c is not None:
-        return Gelu('Erfc', x, one_plus, None, -c, x_side, scale)
+        return Gelu(OP.Erfc, x, one_plus, None, -c, x_side, scale)
       continue
     offset = _split_offset(one_plus)
     if offset is None or offset[0] != 1.0:
       continue
     t = offset[1]
-    if t.op.type == 'Tanh':
+    if t.op.type == OP.Tanh:
       constants = _tanh_argument(t, x)
       if constants is not None:
-        return Gelu('Tanh', x, t, constants[0], constants[1], x_side, scale)
-    elif t.op.type == 'Erf':
+        return Gelu(OP.Tanh, x, t, constants[0], constants[1], x_side, scale)
+    elif t.op.type == OP.Erf:
       c = _erf_argument(t, x)
       if c is not None:
-        return Gelu('Erf', x, t, None, c, x_side, scale)
+        return Gelu(OP.Erf, x, t, None, c, x_side, scale)
   return None
 
 
@@ -273,7 +274,7 @@ def _gelu_gradient(op, grad):
   if gelu is None:
     # Marked ops matched when made, and their inputs do not change; should
     # one not match any more, TensorFlow's own gradient is still right.
-    return tf_ops.gradient_registry.lookup('Mul')(op, grad)
+    return tf_ops.gradient_registry.lookup(OP.Mul)(op, grad)
   dtype = gelu.x.dtype.base_dtype
   constant = lambda value: tf.constant(value, dtype)
   # Built after the incoming gradient exists: otherwise these ops, which
@@ -284,10 +285,10 @@ def _gelu_gradient(op, grad):
     # Both derivatives over the x side's factor of x, 0.5 / scale.
     half = 0.5 / gelu.scale
     # 1 + t; an erfc output is that sum already.
-    outer = t if gelu.kind == 'Erfc' else t + constant(1.0)
+    outer = t if gelu.kind == OP.Erfc else t + constant(1.0)
     if half != 1.0:
       outer *= constant(half)
-    if gelu.kind == 'Tanh':
+    if gelu.kind == OP.Tanh:
       slope = x * x * constant(3.0 * gelu.a * c) + constant(c)
       derivative = outer * (x * slope * (constant(1.0) - t) + constant(1.0))
     else:

@@ -33,6 +33,7 @@ from tensorflow.python.framework import ops as tf_ops
 
 from estimator_bf16.autocast import graph_queries
 from estimator_bf16.precision import rounding
+from estimator_bf16.precision import op_lists
 
 _SOFTMAX_GRADIENT = 'EstimatorBf16RoundedSoftmax'
 _FROM_BFLOAT16_GRADIENT = 'EstimatorBf16FromBfloat16Inputs'
@@ -87,7 +88,7 @@ def after_gradients(grads):
   for grad in grads:
     if not isinstance(grad, tf.Tensor):
       continue
-    while grad.op.type == 'Identity' and grad.op.inputs:
+    while grad.op.type == op_lists.OP.Identity and grad.op.inputs:
       grad = grad.op.inputs[0]
     ops.append(grad.op)
   return tf.control_dependencies(ops)
@@ -148,8 +149,8 @@ def _gradient_with_mask_recast(op, grad):
   value, mask = op.inputs
   # The boolean mask behind the forward cast; a copy of the op in a loop
   # body (accumulation on a TPU) may read the cast through a capture.
-  source = (mask.op.inputs[0] if mask.op.type == 'Cast' and mask.op.inputs
-            else mask)
+  source = (mask.op.inputs[0]
+            if mask.op.type == op_lists.OP.Cast and mask.op.inputs else mask)
   with after_gradients([grad]):
     mask = tf.cast(source, grad.dtype)
   grad_value = tf.math.multiply_no_nan(grad, mask)
@@ -175,7 +176,7 @@ def _rounded_softmax_gradient(op, grad):
   """
   probabilities = op.outputs[0]
   for consumer in probabilities.consumers():
-    if (consumer.type == 'Cast' and
+    if (consumer.type == op_lists.OP.Cast and
         consumer.outputs[0].dtype.base_dtype in rounding.HALF_DTYPES):
       # After the incoming gradient: a cast with no other input would run
       # in the forward pass and hold its float32 copy until now.

@@ -21,7 +21,7 @@ def bfloat16_source(value):
   Returns:
     The `Cast`'s bfloat16 input (same shape), or None.
   """
-  if (isinstance(value, tf.Tensor) and value.op.type == 'Cast' and
+  if (isinstance(value, tf.Tensor) and value.op.type == op_lists.OP.Cast and
       value.dtype.base_dtype == tf.float32 and
       value.op.inputs[0].dtype.base_dtype == tf.bfloat16):
     return value.op.inputs[0]
@@ -60,7 +60,7 @@ def variable_read_source(value):
   Returns:
     The float32 `ReadVariableOp` output (same shape), or None.
   """
-  if (isinstance(value, tf.Tensor) and value.op.type == 'Cast' and
+  if (isinstance(value, tf.Tensor) and value.op.type == op_lists.OP.Cast and
       value.dtype.base_dtype == tf.bfloat16):
     read = value.op.inputs[0]
     if (read.op.type == op_lists.READ_VARIABLE_OP and

@@ -78,7 +78,7 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
     return float32_list.float32_keep_dtype(op_def, op_type, name, keywords)
   if op_type in op_lists.FLOAT32_OPS:
     return float32_list.float32_op(op_def, op_type, name, keywords)
-  if op_type == 'Cast':
+  if op_type == op_lists.OP.Cast:
     return float32_list.remember_rounding(op_type, name, keywords)
   if op_type in op_lists.FLOAT32_RANDOM_OPS:
     return uniform_draws.float32_random(op_type, name, keywords)
@@ -120,6 +120,6 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
   result = state.original_apply_op(op_type, name=name, **keywords)
   if asked is not None:
     float32_list.float32_twin(op_def, op_type, asked, result)
-  if mode == 'bfloat16' and op_type == 'Mul':
+  if mode == 'bfloat16' and op_type == op_lists.OP.Mul:
     gelu_gradient.mark(result[2])
   return result

@@ -88,7 +88,7 @@ def _reads_trainable_variable(value):
     op = value.op
     if op.type in op_lists.VARIABLE_OPS:
       return op.name in _trainable_variable_ops(op.graph)
-    if op.type == 'Placeholder':
+    if op.type == op_lists.OP.Placeholder:
       # Inside a loop body with control flow v2 the variable's handle is a
       # capture: follow it out to the variable.
       value = graph_queries.captured_source(value)

@@ -13,6 +13,7 @@ from estimator_bf16.autocast import gradients as autocast_gradients
 from estimator_bf16.autocast import graph_queries
 from estimator_bf16.autocast import slots as slots_lib
 from estimator_bf16.autocast import state
+from estimator_bf16.precision import op_lists
 
 
 def _positive_zero(number):
@@ -50,10 +51,10 @@ def _zero_branch(zero, value):
   if not isinstance(zero, tf.Tensor):
     return False
   op = zero.op
-  if op.type == 'ZerosLike':
+  if op.type == op_lists.OP.ZerosLike:
     return op.inputs[0] is value or _fits(zero.shape, value.shape)
-  number = op.inputs[1] if op.type == 'Fill' else zero
-  if number.op.type != 'Const':
+  number = op.inputs[1] if op.type == op_lists.OP.Fill else zero
+  if number.op.type != op_lists.OP.Const:
     return False
   return (_positive_zero(tf.get_static_value(number)) and
           _fits(zero.shape, value.shape))
@@ -97,13 +98,13 @@ def zero_select_as_multiply(op_type, name, keywords):
     return None
   # v1 `Select` does not broadcast (a vector mask picks rows): only equal,
   # known shapes, where the multiply's broadcasting cannot differ.
-  if op_type == 'Select' and not (condition.shape.is_fully_defined() and
-                                  condition.shape == value.shape):
+  if op_type == op_lists.OP.Select and not (
+      condition.shape.is_fully_defined() and condition.shape == value.shape):
     return None
   if not keep:
     condition = tf.math.logical_not(condition)
   mask = tf.cast(condition, value.dtype)
-  result = state.original_apply_op('MulNoNan', name=name or op_type, x=value,
-                                   y=mask)
+  result = state.original_apply_op(op_lists.OP.MulNoNan,
+                                   name=name or op_type, x=value, y=mask)
   autocast_gradients.recast_mask_in_gradient(result[2])
   return result

@@ -52,6 +52,7 @@ from estimator_bf16.levers import recompute_path
 from estimator_bf16.levers import xla_order
 from estimator_bf16.platform import xla_context
 from estimator_bf16.safety import audit
+from estimator_bf16.precision import op_lists
 
 
 def _batch_axis(tensor, batch_size):
@@ -197,7 +198,7 @@ class DeviceAccumulation(object):
     for op in list(region):
       for tensor in op.inputs:
         source = tensor.op
-        if (source not in region and source.type == 'Cast' and
+        if (source not in region and source.type == op_lists.OP.Cast and
             source in from_xs and source.inputs[0].dtype == tf.float32):
           region.add(source)
     for op in region:

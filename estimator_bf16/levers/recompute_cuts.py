@@ -25,13 +25,6 @@ import tensorflow as tf
 from estimator_bf16.precision import op_lists
 from estimator_bf16.levers import recompute_path
 
-# Op pairs (producer -> consumer) that TensorFlow's CPU rewrites fuse, in the
-# forward pass or in their gradients; a cut never separates them.
-_FUSED_PRODUCERS = (op_lists.MATMUL_CONV_OPS | op_lists.BATCH_NORM_OPS |
-                    frozenset(['BiasAdd', 'BiasAddV1']))
-_FUSED_CONSUMERS = op_lists.BATCH_NORM_OPS | frozenset([
-    'BiasAdd', 'BiasAddV1', 'Add', 'AddV2', 'Relu', 'Relu6', 'Elu',
-    'LeakyRelu', 'Selu', 'Tanh', 'Sigmoid', 'Mul'])
 
 
 def choose_cuts(path, kept, segments):
@@ -147,12 +140,13 @@ def _forbidden_cuts(path):
   index_of = {op: i for i, op in enumerate(path)}
   forbidden = set()
   for p, op in enumerate(path):
-    if op.type not in _FUSED_PRODUCERS:
+    if op.type not in op_lists.CPU_FUSED_PRODUCER_OPS:
       continue
     for tensor in op.outputs:
       for consumer in tensor.consumers():
         q = index_of.get(consumer)
-        if q is not None and q > p and consumer.type in _FUSED_CONSUMERS:
+        if (q is not None and q > p and
+            consumer.type in op_lists.CPU_FUSED_CONSUMER_OPS):
           forbidden.update(range(p + 1, q + 1))
   first = {}
   last = {}

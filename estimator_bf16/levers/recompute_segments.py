@@ -25,6 +25,7 @@ from tensorflow.python.util import object_identity
 from estimator_bf16.levers import op_copy
 from estimator_bf16.levers import xla_order
 from estimator_bf16.platform import xla_context
+from estimator_bf16.precision import op_lists
 
 
 def sum_gradients(grads):
@@ -167,7 +168,7 @@ def _gradient_ops(grads):
     parts = ([grad.values, grad.indices] if isinstance(grad, tf.IndexedSlices)
              else [grad])
     for part in parts:
-      while part.op.type == 'Identity' and part.op.inputs:
+      while part.op.type == op_lists.OP.Identity and part.op.inputs:
         part = part.op.inputs[0]
       if part.op not in ops:
         ops.append(part.op)

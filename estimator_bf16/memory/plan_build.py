@@ -33,6 +33,7 @@ from estimator_bf16.memory import plan_simulate
 from estimator_bf16.optimizers import registry as optimizers
 from estimator_bf16.precision import casting
 from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import op_lists
 
 # Any rate will do: it plays no part in memory.
 _PLAN_LEARNING_RATE = 1e-3
@@ -108,7 +109,7 @@ def variable_bytes(graph=None, tile=None):
 def step_inputs(build):
   """The tensors a built step is fed: its placeholders' outputs."""
   return [op.outputs[0] for op in build.graph.get_operations()
-          if op.type in ('Placeholder', 'PlaceholderV2')]
+          if op.type in (op_lists.OP.Placeholder, op_lists.OP.PlaceholderV2)]
 
 
 def network_model_fn(network_fn, optimizer):

@@ -17,10 +17,11 @@ With `compiled=True` it plans the step as XLA compiles it instead:
     chain such as GELU, the layer-norm arithmetic or a dropout mask
     computes in registers and only the chain's last result gets a buffer.
     An elementwise op whose readers are all elementwise, reductions or
-    rearrangements (`_FUSING_OPS`) gets no buffer here; each reader reads
-    its inputs in its place (they live until the last such reader ran).
-    With several readers, only a cheap op (not `_EXPENSIVE_OPS`) whose
-    inputs are no larger than its result is computed again in each.
+    rearrangements (`op_lists.XLA_FUSING_OPS`) gets no buffer here; each
+    reader reads its inputs in its place (they live until the last such
+    reader ran). With several readers, only a cheap op (not
+    `op_lists.XLA_EXPENSIVE_OPS`) whose inputs are no larger than its
+    result is computed again in each.
   * XLA keeps no control dependencies and its schedule puts the variable
     updates after the backprop (seen in the CPU compile's buffer
     assignment, where every weight gradient is live at the end of the
@@ -35,55 +36,15 @@ import tensorflow as tf
 from estimator_bf16.precision import op_lists
 from estimator_bf16.levers import recompute_path
 
-# Outputs that share the buffer of the input with the same index: no bytes
-# of their own, but they keep that buffer alive.
-_ALIAS_OPS = op_lists.LOOP_OPS | frozenset([
-    op_lists.READ_VARIABLE_OP, 'Bitcast', 'Identity', 'IdentityN', 'Reshape',
-    'Squeeze', 'ExpandDims', 'StopGradient', 'Snapshot', 'PreventGradient',
-    'EnsureShape', 'CheckNumerics',
-])
-# Elementwise kernels that write into an input buffer of the output's size
-# when this op is that buffer's last user (TensorFlow's
-# `forward_input_or_allocate_output`).
-_FORWARDING_OPS = frozenset([
-    'Abs', 'Add', 'AddN', 'AddV2', 'BiasAdd', 'ClipByValue', 'Div',
-    'DivNoNan', 'Elu', 'EluGrad', 'Erf', 'Exp', 'Floor', 'Gelu', 'GeluGrad',
-    'LeakyRelu', 'LeakyReluGrad', 'Log', 'Log1p', 'Maximum', 'Minimum',
-    'Mul', 'MulNoNan', 'Neg', 'Pow', 'RealDiv', 'Reciprocal', 'Relu',
-    'Relu6', 'Relu6Grad', 'ReluGrad', 'Rsqrt', 'RsqrtGrad', 'Select',
-    'SelectV2', 'Selu', 'SeluGrad', 'Sigmoid', 'SigmoidGrad', 'Sign',
-    'Softplus', 'SoftplusGrad', 'Sqrt', 'SqrtGrad', 'Square',
-    'SquaredDifference', 'Sub', 'Tanh', 'TanhGrad',
-])
-# With grappler's fusions: matmul + bias (+ activation) is one op. Einsum
-# runs on the same kernels.
+# The op kinds the simulation reads (aliases, forwarding, persistent, XLA's
+# fusions) are op_lists'. With grappler's fusions, matmul + bias (+
+# activation) is one op; Einsum runs on the same kernels.
 _MATMUL_OPS = op_lists.MATMUL_OPS | op_lists.EINSUM_OPS
 # Ops that hold float32 copies of their bfloat16 operands and result on a
 # CPU that emulates bfloat16: TensorFlow's matmul kernels, and the ops
 # autocast computes in float32 there (autocast.cpu_kernels).
 _UPCAST_OPS = _MATMUL_OPS | op_lists.CPU_SLOW_BFLOAT16_OPS['emulated']
-# Outputs that exist before the step (or outside it) and are never freed.
-_PERSISTENT_OPS = frozenset(['Const', 'HostConst']) | op_lists.VARIABLE_OPS
 _NO_BYTES = (0.0, 0.0)
-# Elementwise ops XLA fuses into their readers (`compiled=True`), and the
-# readers it fuses them into: more elementwise ops, reductions and
-# rearrangements (XLA's loop and input fusions).
-_FUSED_OPS = _FORWARDING_OPS | op_lists.COMPARISON_OPS | frozenset([
-    'Cast', 'Equal', 'NotEqual', 'LogicalAnd', 'LogicalOr', 'LogicalNot',
-    'OnesLike', 'ZerosLike', 'FloorDiv', 'FloorMod',
-])
-# Elementwise ops XLA does not compute again in a second reader (its
-# instruction fusion's "expensive" ops: transcendental functions and
-# division): with several readers their result gets a buffer.
-_EXPENSIVE_OPS = frozenset([
-    'Div', 'DivNoNan', 'Elu', 'Erf', 'Exp', 'Gelu', 'Log', 'Log1p', 'Pow',
-    'RealDiv', 'Reciprocal', 'Rsqrt', 'Selu', 'Sigmoid', 'Softplus', 'Sqrt',
-    'SqrtGrad', 'Tanh',
-])
-_FUSING_OPS = _FUSED_OPS | frozenset([
-    'Sum', 'Mean', 'Max', 'Min', 'Prod', 'BiasAddGrad', 'Transpose',
-    'Reshape', 'ExpandDims', 'Squeeze', 'Tile', 'BroadcastTo',
-])
 
 
 def tensor_bytes(tensor, tile=None):
@@ -159,10 +120,11 @@ def _fused(needed):
       readers.setdefault(tensor, []).append(op)
   fused = set()
   for op in needed:
-    if op.type not in _FUSED_OPS or len(op.outputs) != 1:
+    if op.type not in op_lists.XLA_FUSED_OPS or len(op.outputs) != 1:
       continue
     users = set(readers.get(op.outputs[0], ()))
-    if not users or not all(user.type in _FUSING_OPS for user in users):
+    if not users or not all(user.type in op_lists.XLA_FUSING_OPS
+                            for user in users):
       continue
     if len(users) == 1:
       fused.add(op)
@@ -172,8 +134,9 @@ def _fused(needed):
     # its inputs are no larger than its own result. (A dropout mask that
     # recompute keeps as booleans would otherwise keep the float32 random
     # numbers it compares.)
-    inputs = set(t for t in op.inputs if t.op.type not in _PERSISTENT_OPS)
-    if op.type not in _EXPENSIVE_OPS and sum(
+    inputs = set(t for t in op.inputs
+                 if t.op.type not in op_lists.PERSISTENT_OPS)
+    if op.type not in op_lists.XLA_EXPENSIVE_OPS and sum(
         map(tensor_bytes, inputs)) <= tensor_bytes(op.outputs[0]):
       fused.add(op)
   return frozenset(fused)
@@ -283,17 +246,17 @@ class _Liveness:
 
   def run(self, op, inputs):
     """Allocates (or aliases) the outputs of `op`, which reads `inputs`."""
-    if op.type in _PERSISTENT_OPS:
+    if op.type in op_lists.PERSISTENT_OPS:
       for tensor in op.outputs:
         self._allocate(tensor, _NO_BYTES)
       return
     for index, tensor in enumerate(op.outputs):
       size = self._size_of(tensor)
-      if op.type in _ALIAS_OPS and index < len(op.inputs) and (
+      if op.type in op_lists.ALIAS_OPS and index < len(op.inputs) and (
           op.inputs[index] in self._buffers):
         self._allocate(tensor, size, self._buffers[op.inputs[index]])
         continue
-      if op.type in _FORWARDING_OPS and index == 0:
+      if op.type in op_lists.FORWARDING_OPS and index == 0:
         reused = self._dying_input_of_size(inputs, size)
         if reused is not None:
           # Take over the buffer: it stays allocated for the new tensor.

@@ -60,7 +60,15 @@ internal callers all create the same `Softmax` op.
 
 Every other op follows its inputs: if float32 meets bfloat16, the op computes
 in bfloat16 (a variable's dtype wins for assignments).
+
+* The lists other modules classify ops by (the audit's allowed dtype mixes,
+  the activation statistics' watched ops, recompute's fusions, the memory
+  planner's aliases, forwarding and XLA fusions) and `OP`, the op types a
+  module reads one at a time (`op.type == OP.Cast`): every op type the
+  package names is spelled here, and `tests/test_structure.py` holds it so.
 """
+
+import types
 
 BFLOAT16_OPS = frozenset([
     'MatMul', 'SparseMatMul', 'BatchMatMul', 'BatchMatMulV2', 'Einsum',
@@ -205,3 +213,88 @@ CPU_SLOW_BFLOAT16_OPS = {
     ]),
     'native': frozenset(['Sigmoid', 'TanhGrad']),
 }
+
+
+# Op types other modules read one at a time: `op.type == OP.Cast`. An
+# attribute, not a string, so a misspelt name fails where it is read.
+OP = types.SimpleNamespace(**{name: name for name in (
+    'Add', 'AddV2', 'Cast', 'Const', 'Div', 'Erf', 'Erfc', 'ExpandDims',
+    'Fill', 'Identity', 'Mul', 'MulNoNan', 'Neg', 'Placeholder',
+    'PlaceholderV2', 'Pow', 'RealDiv', 'Reshape', 'ScalarSummary', 'Select',
+    'Sqrt', 'Square', 'Squeeze', 'Sub', 'Tanh', 'Transpose', 'ZerosLike',
+)})
+
+# Ops whose inputs legitimately differ in float dtype (the audit's
+# exceptions): casts, batch norm and control flow, bookkeeping that passes
+# tensors of every dtype on (saves, prints, summaries, infeed/outfeed,
+# function calls), and packing.
+MIXED_DTYPE_OPS = (
+    BATCH_NORM_OPS | BATCH_NORM_GRAD_OPS | CONTROL_FLOW_OPS | frozenset([
+        'Cast', 'Bitcast', '_FusedBatchNormEx', 'NoOp', 'Identity',
+        'IdentityN', 'Print', 'PrintV2', 'Assert', 'SaveV2', 'Save',
+        'SaveSlices', 'MergeV2Checkpoints', 'TensorSummary',
+        'TensorSummaryV2', 'If', 'StatelessIf', 'While', 'StatelessWhile',
+        'PartitionedCall', 'StatefulPartitionedCall', 'IteratorGetNext',
+        'OutfeedEnqueueTuple', 'InfeedEnqueueTuple', 'TPUReplicatedInput',
+        'TPUReplicatedOutput', 'Pack', 'Unpack',
+    ]))
+
+# Producers of activations worth watching (the activation statistics);
+# gradients and bookkeeping are not.
+ACTIVATION_OPS = (
+    MATMUL_CONV_OPS | BATCH_NORM_OPS | frozenset([
+        SOFTMAX_OP, 'BiasAdd', 'Add', 'AddV2', 'Relu', 'Relu6', 'Elu', 'Selu',
+        'Tanh', 'Sigmoid', 'MaxPool', 'AvgPool', 'Mean', 'Mul',
+        'Square', 'Rsqrt', 'Erf']))
+
+# Op pairs (producer -> consumer) that TensorFlow's CPU rewrites fuse, in
+# the forward pass or in their gradients (recompute never cuts between).
+CPU_FUSED_PRODUCER_OPS = (MATMUL_CONV_OPS | BATCH_NORM_OPS |
+                          frozenset(['BiasAdd', 'BiasAddV1']))
+CPU_FUSED_CONSUMER_OPS = BATCH_NORM_OPS | frozenset([
+    'BiasAdd', 'BiasAddV1', 'Add', 'AddV2', 'Relu', 'Relu6', 'Elu',
+    'LeakyRelu', 'Selu', 'Tanh', 'Sigmoid', 'Mul'])
+
+# The memory planner's op kinds (memory/plan_simulate.py). Outputs that
+# share the buffer of the input with the same index: no bytes of their
+# own, but they keep that buffer alive (reads, reshapes, identities, loop
+# hand-overs).
+ALIAS_OPS = LOOP_OPS | frozenset([
+    READ_VARIABLE_OP, 'Bitcast', 'Identity', 'IdentityN', 'Reshape',
+    'Squeeze', 'ExpandDims', 'StopGradient', 'Snapshot', 'PreventGradient',
+    'EnsureShape', 'CheckNumerics',
+])
+# Elementwise kernels that write into an input buffer of the output's size
+# when this op is that buffer's last user (TensorFlow's
+# `forward_input_or_allocate_output`).
+FORWARDING_OPS = frozenset([
+    'Abs', 'Add', 'AddN', 'AddV2', 'BiasAdd', 'ClipByValue', 'Div',
+    'DivNoNan', 'Elu', 'EluGrad', 'Erf', 'Exp', 'Floor', 'LeakyRelu',
+    'LeakyReluGrad', 'Log', 'Log1p', 'Maximum', 'Minimum',
+    'Mul', 'MulNoNan', 'Neg', 'Pow', 'RealDiv', 'Reciprocal', 'Relu',
+    'Relu6', 'Relu6Grad', 'ReluGrad', 'Rsqrt', 'RsqrtGrad', 'Select',
+    'SelectV2', 'Selu', 'SeluGrad', 'Sigmoid', 'SigmoidGrad', 'Sign',
+    'Softplus', 'SoftplusGrad', 'Sqrt', 'SqrtGrad', 'Square',
+    'SquaredDifference', 'Sub', 'Tanh', 'TanhGrad',
+])
+# Outputs that exist before the step (or outside it) and are never freed.
+PERSISTENT_OPS = frozenset(['Const', 'HostConst']) | VARIABLE_OPS
+# Elementwise ops XLA fuses into their readers, and the readers it fuses
+# them into: more elementwise ops, reductions and rearrangements (XLA's loop
+# and input fusions).
+XLA_FUSED_OPS = FORWARDING_OPS | COMPARISON_OPS | frozenset([
+    'Cast', 'Equal', 'NotEqual', 'LogicalAnd', 'LogicalOr', 'LogicalNot',
+    'OnesLike', 'ZerosLike', 'FloorDiv', 'FloorMod',
+])
+# Elementwise ops XLA does not compute again in a second reader (its
+# instruction fusion's "expensive" ops: transcendental functions and
+# division): with several readers their result gets a buffer.
+XLA_EXPENSIVE_OPS = frozenset([
+    'Div', 'DivNoNan', 'Elu', 'Erf', 'Exp', 'Log', 'Log1p', 'Pow',
+    'RealDiv', 'Reciprocal', 'Rsqrt', 'Selu', 'Sigmoid', 'Softplus', 'Sqrt',
+    'SqrtGrad', 'Tanh',
+])
+XLA_FUSING_OPS = XLA_FUSED_OPS | frozenset([
+    'Sum', 'Mean', 'Max', 'Min', 'Prod', 'BiasAddGrad', 'Transpose',
+    'Reshape', 'ExpandDims', 'Squeeze', 'Tile', 'BroadcastTo',
+])

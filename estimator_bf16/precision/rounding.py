@@ -12,6 +12,8 @@ import weakref
 
 import tensorflow as tf
 
+from estimator_bf16.precision import op_lists
+
 # The 16-bit floating dtypes: what a rounding of a float32 value has.
 HALF_DTYPES = (tf.float16, tf.bfloat16)
 
@@ -23,11 +25,12 @@ _FLOAT32_ORIGINALS = weakref.WeakKeyDictionary()
 # output is the same op applied to the float32 original of their input.
 # Each entry rebuilds `op` on another first input `x`.
 REARRANGING = {
-    'Reshape': lambda op, x: tf.reshape(x, op.inputs[1]),
-    'ExpandDims': lambda op, x: tf.expand_dims(x, op.inputs[1]),
-    'Squeeze': lambda op, x: tf.squeeze(x, op.get_attr('squeeze_dims')),
-    'Identity': lambda op, x: tf.identity(x),
-    'Transpose': lambda op, x: tf.transpose(x, op.inputs[1]),
+    op_lists.OP.Reshape: lambda op, x: tf.reshape(x, op.inputs[1]),
+    op_lists.OP.ExpandDims: lambda op, x: tf.expand_dims(x, op.inputs[1]),
+    op_lists.OP.Squeeze:
+        lambda op, x: tf.squeeze(x, op.get_attr('squeeze_dims')),
+    op_lists.OP.Identity: lambda op, x: tf.identity(x),
+    op_lists.OP.Transpose: lambda op, x: tf.transpose(x, op.inputs[1]),
 }
 
 

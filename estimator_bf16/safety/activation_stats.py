@@ -23,19 +23,14 @@ BFLOAT16_MAX = float(tf.bfloat16.max)
 # values flushed to zero on a TPU.
 _NEAR_OVERFLOW = 1e30
 _UNDERFLOW_WARNING = 0.01
-# Producers of activations worth watching; gradients and bookkeeping are not.
-_ACTIVATION_OPS = (
-    op_lists.MATMUL_CONV_OPS | op_lists.BATCH_NORM_OPS | frozenset([
-        op_lists.SOFTMAX_OP, 'BiasAdd', 'Add', 'AddV2', 'Relu', 'Relu6',
-        'Elu', 'Selu', 'Gelu', 'Tanh', 'Sigmoid', 'MaxPool', 'AvgPool',
-        'Mean', 'Mul', 'Square', 'Rsqrt', 'Erf']))
 
 
 def _watched_tensors(graph):
   """bfloat16 activations of the forward pass that a session can fetch."""
   tensors = []
   for op in graph.get_operations():
-    if op.type not in _ACTIVATION_OPS or op.name.startswith('gradients'):
+    if (op.type not in op_lists.ACTIVATION_OPS or
+        op.name.startswith('gradients')):
       continue
     # Tensors inside while/cond bodies or TPU computations cannot be fetched.
     if op._control_flow_context is not None:  # pylint: disable=protected-access

@@ -25,18 +25,6 @@ from estimator_bf16.precision.casting import HALF_DTYPES
 # log it, or skip the audit.
 AUDIT_MODES = ('strict', 'warn', 'off')
 _FLOATS = frozenset(FLOATING_DTYPES)
-# Ops whose inputs legitimately differ in float dtype.
-_MIXED_ALLOWED = (
-    op_lists.BATCH_NORM_OPS | op_lists.BATCH_NORM_GRAD_OPS |
-    op_lists.CONTROL_FLOW_OPS | frozenset([
-        'Cast', 'Bitcast', '_FusedBatchNormEx', 'NoOp', 'Identity',
-        'IdentityN', 'Print', 'PrintV2', 'Assert', 'SaveV2', 'Save',
-        'SaveSlices', 'MergeV2Checkpoints', 'TensorSummary',
-        'TensorSummaryV2', 'If', 'StatelessIf', 'While', 'StatelessWhile',
-        'PartitionedCall', 'StatefulPartitionedCall', 'IteratorGetNext',
-        'OutfeedEnqueueTuple', 'InfeedEnqueueTuple', 'TPUReplicatedInput',
-        'TPUReplicatedOutput', 'Pack', 'Unpack',
-    ]))
 _ALWAYS_MIXED = frozenset([op_lists.SPARSE_MATMUL_OP])
 # The share of matmul/conv FLOPs that a bfloat16 model_fn must run in
 # bfloat16 to pass the strict audit of `wrap_model_fn`. Autocast puts every
@@ -272,9 +260,9 @@ def _scan(operations):
   found = _Scan(num_ops=len(operations))
   for op in operations:
     if cpu_kernels.is_substituted(op):
-      if op.type not in ('Cast', 'Const'):
+      if op.type not in (op_lists.OP.Cast, op_lists.OP.Const):
         found.substituted[op.type] = found.substituted.get(op.type, 0) + 1
-    elif op.type == 'Cast':
+    elif op.type == op_lists.OP.Cast:
       found.num_casts += 1
     if op.type in op_lists.VARIABLE_OPS:
       dtype = tf.as_dtype(op.get_attr('dtype')).base_dtype
@@ -284,7 +272,7 @@ def _scan(operations):
       continue
     dtypes = _float_input_dtypes(op)
     if op.type in _ALWAYS_MIXED or (
-        len(dtypes) > 1 and op.type not in _MIXED_ALLOWED):
+        len(dtypes) > 1 and op.type not in op_lists.MIXED_DTYPE_OPS):
       found.mixed_ops.append((op.name, op.type, _dtype_names(op)))
       found.made_at[op.name] = _made_at(op)
     counter = _FLOP_COUNTERS.get(op.type)
