@@ -405,6 +405,34 @@ def mirror_problems(tests_dir, package_dir):
   return problems
 
 
+class OneNamePerModuleTest(tf.test.TestCase):
+
+  def test_each_module_is_imported_under_one_name(self):
+    # `from estimator_bf16.memory import fit as fit_lib` everywhere, or
+    # `fit` everywhere: a reader learns one name per module. The public
+    # API's __init__ may bind a module privately (`_quiet`).
+    names = collections.defaultdict(set)
+    for dotted, path in sorted(_modules().items()):
+      with open(path) as f:
+        tree = ast.parse(f.read())
+      for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (
+            node.module or '').startswith('estimator_bf16'):
+          pairs = [(node.module + '.' + a.name, a.asname or a.name)
+                   for a in node.names]
+        elif isinstance(node, ast.Import):
+          pairs = [(a.name, a.asname or a.name) for a in node.names
+                   if a.name.startswith('estimator_bf16')]
+        else:
+          continue
+        for imported, name in pairs:
+          if imported in _modules() and not (
+              dotted == 'estimator_bf16' and name.startswith('_')):
+            names[imported].add(name)
+    self.assertEqual({module: sorted(bound) for module, bound in names.items()
+                      if len(bound) > 1}, {})
+
+
 class BenchmarksIndexTest(tf.test.TestCase):
 
   def test_the_benchmarks_docstring_lists_exactly_its_modules(self):

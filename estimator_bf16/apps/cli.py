@@ -22,12 +22,12 @@ import sys
 import textwrap
 
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.memory import fit
+from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import xla_dump
-from estimator_bf16.platform import backend
+from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.platform import quiet
-from estimator_bf16.platform import tpu
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.precision import policy
 from estimator_bf16.runner import fit_report
 from estimator_bf16.runner import fit_run
@@ -81,7 +81,7 @@ def build_parser():
       epilog=_other_programs_text(),
       formatter_class=argparse.RawDescriptionHelpFormatter)
   commands = parser.add_subparsers(dest='command', required=True)
-  devices = list(tpu.TPU_DEVICE_BYTES)
+  devices = list(tpu_facts.TPU_DEVICE_BYTES)
   for name, help_text in (
       ('run', 'run PROGRAM as `python PROGRAM ARGS` would, with every '
        'Estimator in --precision; print a short report at exit'),
@@ -209,14 +209,14 @@ def _fit_budget(args):
     return '--device and --memory_budget go with --fit.'
   if (args.device is None) == (args.memory_budget is None):
     return ('--fit needs exactly one of --device (%s) and --memory_budget '
-            '(e.g. 8GiB).' % ', '.join(fit.DEVICE_BYTES))
+            '(e.g. 8GiB).' % ', '.join(fit_lib.DEVICE_BYTES))
   if args.accumulate != 1 or args.recompute:
     return ('--fit chooses --accumulate and --recompute itself; drop them, '
             'or drop --fit to check the levers you give.')
   try:
     if args.device is not None:
-      return fit.device_bytes(args.device)
-    return fit.parse_size(args.memory_budget)
+      return fit_lib.device_bytes(args.device)
+    return fit_lib.parse_size(args.memory_budget)
   except ValueError as e:
     return '--%s: %s' % ('device' if args.device else 'memory_budget', e)
 
@@ -232,7 +232,7 @@ def _write_report(path, data):
 
 
 def _set_environment(args):
-  if backend.installed_tf_version() >= (2, 16):
+  if backend_lib.installed_tf_version() >= (2, 16):
     os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   if getattr(args, 'memory', False) or (args.command == 'run' and args.fit):
     os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')

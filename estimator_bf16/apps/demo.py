@@ -33,7 +33,7 @@ import estimator_bf16 as eb
 from estimator_bf16.apps import precision_comparison
 from estimator_bf16.apps import training
 from estimator_bf16.memory.peak import PeakMemoryHook
-from estimator_bf16.platform import backend
+from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import cpu_bfloat16
 
 
@@ -125,7 +125,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  if eb.BACKEND == backend.COMPAT_BACKEND:
+  if eb.BACKEND == backend_lib.COMPAT_BACKEND:
     eb.compat.install()  # TensorFlow 2.16+: see estimator_bf16/apps/train_cli.py.
   define_flags()
   app.run(main)

@@ -37,7 +37,7 @@ from estimator_bf16.apps import training
 from estimator_bf16.distribute import strategies
 from estimator_bf16.models import bert
 from estimator_bf16.optimizers import registry as optimizers
-from estimator_bf16.platform import backend
+from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import quiet
 
 # Stopped by a signal after writing a checkpoint: the usual 128 + signal.
@@ -184,7 +184,7 @@ def main(argv):
 
 def run(argv=None):
   """Console entry point (`estimator-bf16-train`)."""
-  if eb.BACKEND == backend.COMPAT_BACKEND:
+  if eb.BACKEND == backend_lib.COMPAT_BACKEND:
     # TensorFlow 2.16+: the reference models name tf.estimator (ModeKeys,
     # TPUEstimatorSpec); this program opts in to the stand-in explicitly.
     eb.compat.install()

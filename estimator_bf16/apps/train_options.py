@@ -14,9 +14,9 @@ from typing import Optional
 import tensorflow as tf
 
 from estimator_bf16.apps import registry
-from estimator_bf16.distribute import cluster
+from estimator_bf16.distribute import cluster as cluster_lib
 from estimator_bf16.distribute import strategies
-from estimator_bf16.platform import tpu
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.levers import accumulation
 from estimator_bf16.models import bert
 from estimator_bf16.models import resnet
@@ -194,12 +194,12 @@ def _check_model_sizes(options):
 
 def _check_shards(options):
   shards = options.num_shards or (
-      tpu.TPU_CORES_PER_BOARD if options.use_tpu else None)
+      tpu_facts.TPU_CORES_PER_BOARD if options.use_tpu else None)
   if not shards:
     return
   for name in ('train_batch_size', 'eval_batch_size'):
     batch = getattr(options, name)
-    error = tpu.tpu_batch_error(batch, shards)
+    error = tpu_facts.tpu_batch_error(batch, shards)
     _check(error is None, '--' + name, '%d %s', batch, error)
 
 
@@ -236,8 +236,8 @@ def replicas(options, environ=None):
   _check(options.worker_timeout_secs > 0, '--worker_timeout_secs',
          'must be > 0, got %r.', options.worker_timeout_secs)
   try:
-    task = cluster.read_tf_config(environ)
-  except cluster.ClusterError as e:
+    task = cluster_lib.read_tf_config(environ)
+  except cluster_lib.ClusterError as e:
     raise OptionError('--distribute=multi_worker', str(e)) from e
   return task.num_workers * (gpus or 1), task
 

@@ -22,9 +22,9 @@ from estimator_bf16.apps import progress
 from estimator_bf16.apps import registry
 from estimator_bf16.apps import train_options
 from estimator_bf16.compat import distribute as compat_distribute
-from estimator_bf16.distribute import cluster
+from estimator_bf16.distribute import cluster as cluster_lib
 from estimator_bf16.distribute import strategies
-from estimator_bf16.platform import tpu
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.models import records
 from estimator_bf16.safety import activation_stats
 from estimator_bf16.safety import checkpoint_match
@@ -125,7 +125,7 @@ def _check_before_training(options, model, replicas=1):
     raise OptionError('--model_dir', str(e)) from e
   if options.dataset in _GENERATED:
     return
-  shards = (tpu.tpu_replicas(options.num_shards) if options.use_tpu
+  shards = (tpu_facts.tpu_replicas(options.num_shards) if options.use_tpu
             else replicas)
 
   def params(batch):
@@ -197,7 +197,7 @@ def run(options, hooks=()):
   options = prepare(options)
   replicas, task = train_options.replicas(options)
   model = registry.build(options)
-  if task is not None and task.task_type == cluster.EVALUATOR:
+  if task is not None and task.task_type == cluster_lib.EVALUATOR:
     return _evaluate_checkpoints(options, model)
   chief = task is None or task.is_chief
   strategy = None

@@ -17,7 +17,7 @@ from estimator_bf16.autocast import master_weights
 from estimator_bf16.autocast import rules
 from estimator_bf16.autocast import state
 from estimator_bf16.platform import patching
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 
 
 _REPLACEMENTS = {'_apply_op_helper': rules.apply_op_with_autocast,
@@ -78,7 +78,7 @@ def autocast(precision):
   Raises:
     ValueError: if `precision` is not one of `PRECISIONS`.
   """
-  if not precision_lib.parse_precision(precision).bfloat16:
+  if not policy.parse_precision(precision).bfloat16:
     yield
     return
   with _entered('bfloat16'), tf.compat.v1.variable_creator_scope(

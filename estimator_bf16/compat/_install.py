@@ -30,7 +30,7 @@ from estimator_bf16.compat import estimator_spec as spec_lib
 from estimator_bf16.compat import export as export_lib
 from estimator_bf16.compat import keras_estimator
 from estimator_bf16.compat import private_paths
-from estimator_bf16.compat import tpu_estimator as tpu_lib
+from estimator_bf16.compat import tpu_estimator as compat_tpu
 from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import patching
 
@@ -72,7 +72,7 @@ def _build_namespace():
   tpu = _module(
       'tensorflow.estimator.tpu',
       'tf.compat.v1.estimator.tpu, from estimator_bf16.compat.',
-      TPUEstimator=tpu_lib.TPUEstimator,
+      TPUEstimator=compat_tpu.TPUEstimator,
       TPUEstimatorSpec=spec_lib.TPUEstimatorSpec,
       RunConfig=config_lib.TPURunConfig,
       TPUConfig=config_lib.TPUConfig,

@@ -15,7 +15,7 @@ import re
 
 import tensorflow as tf
 
-from estimator_bf16.compat import distribute
+from estimator_bf16.compat import distribute as compat_distribute
 
 # Sentinel for "not given", so that an explicit None (switch checkpointing
 # off) differs from leaving the argument out (RunConfig's 600 s default).
@@ -107,8 +107,8 @@ def _check_off(name, value):
 
 
 def _check_eval_distribute(strategy):
-  strategy = distribute.check_strategy(strategy, 'eval_distribute')
-  if strategy is not None and distribute.is_multi_worker(strategy):
+  strategy = compat_distribute.check_strategy(strategy, 'eval_distribute')
+  if strategy is not None and compat_distribute.is_multi_worker(strategy):
     raise ValueError(
         'eval_distribute=%s: evaluation runs in one process (the chief, or '
         'the evaluator task); give it a MirroredStrategy over its local '
@@ -161,7 +161,7 @@ class RunConfig(object):
     for name, value in (('experimental_distribute', experimental_distribute),
                         ('device_fn', device_fn)):
       _check_off(name, value)
-    train_distribute = distribute.check_strategy(train_distribute,
+    train_distribute = compat_distribute.check_strategy(train_distribute,
                                                  'train_distribute')
     eval_distribute = _check_eval_distribute(eval_distribute)
     steps, secs = _checkpoint_schedule(save_checkpoints_steps,
@@ -214,19 +214,19 @@ class RunConfig(object):
 
   def _multi_worker(self):
     strategy = self._values['train_distribute']
-    if strategy is not None and distribute.is_multi_worker(strategy):
+    if strategy is not None and compat_distribute.is_multi_worker(strategy):
       return strategy
     return None
 
   @property
   def is_chief(self):
     strategy = self._multi_worker()
-    return strategy is None or distribute.is_chief(strategy)
+    return strategy is None or compat_distribute.is_chief(strategy)
 
   @property
   def num_worker_replicas(self):
     strategy = self._multi_worker()
-    return 1 if strategy is None else distribute.num_workers(strategy)
+    return 1 if strategy is None else compat_distribute.num_workers(strategy)
 
   @property
   def task_type(self):
@@ -241,7 +241,7 @@ class RunConfig(object):
   @property
   def global_id_in_cluster(self):
     strategy = self._multi_worker()
-    return 0 if strategy is None else distribute.worker_index(strategy)
+    return 0 if strategy is None else compat_distribute.worker_index(strategy)
 
   @property
   def cluster_spec(self):

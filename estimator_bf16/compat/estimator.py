@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from estimator_bf16.compat import checkpoints
 from estimator_bf16.compat import config as config_lib
-from estimator_bf16.compat import distribute
+from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.compat import estimator_spec as spec_lib
 from estimator_bf16.compat import evaluation
 from estimator_bf16.compat import inputs
@@ -196,16 +196,17 @@ class Estimator(object):
     The returned EstimatorSpec stands for all local replicas
     (`distribute.merge_replica_specs`).
     """
-    replicas = distribute.num_local_replicas(strategy)
+    replicas = compat_distribute.num_local_replicas(strategy)
     input_params = self._replica_params(self._input_fn_params(mode), mode,
                                         strategy)
     model_params = self._replica_params(
         self._model_fn_params(mode, export=False), mode, strategy)
     features, labels, hooks = inputs.call_input_fn(
         input_fn, input_params, mode, self._config,
-        input_context=distribute.input_context(strategy), replicas=replicas,
-        device=distribute.host_device(strategy))
-    chief = distribute.is_chief(strategy)
+        input_context=compat_distribute.input_context(strategy),
+        replicas=replicas,
+        device=compat_distribute.host_device(strategy))
+    chief = compat_distribute.is_chief(strategy)
 
     def build_replica(index):
       # The wrapped model_fn runs here, in the replica's thread: precision
@@ -221,15 +222,15 @@ class Estimator(object):
       return spec, metrics
 
     with strategy.scope():
-      built = distribute.call_for_each_replica(strategy, build_replica)
-    spec = distribute.merge_replica_specs(
+      built = compat_distribute.call_for_each_replica(strategy, build_replica)
+    spec = compat_distribute.merge_replica_specs(
         [spec for spec, _ in built], [metrics for _, metrics in built], mode)
     return spec, hooks
 
   def _session_config(self, strategy=None):
     config = self._config.session_config or _default_session_config()
     if strategy is not None:
-      config = distribute.session_config(strategy, config)
+      config = compat_distribute.session_config(strategy, config)
     return config
 
   # --- Checkpoints.
@@ -264,8 +265,8 @@ class Estimator(object):
       self, as tf.estimator does, so calls can be chained.
 
     Raises:
-      distribute.WorkerFailure: under a multi-worker strategy, another task
-        failed or stopped answering (the message names it).
+      compat_distribute.WorkerFailure: under a multi-worker strategy,
+        another task failed or stopped answering (the message names it).
     """
     _check_train_steps(steps, max_steps)
     if max_steps is not None and (
@@ -274,7 +275,7 @@ class Estimator(object):
                    'step >= max_steps=%d.', self._model_dir, max_steps)
       return self
     strategy = self._config.train_distribute
-    chief = strategy is None or distribute.is_chief(strategy)
+    chief = strategy is None or compat_distribute.is_chief(strategy)
     with training_loop.scratch_dir(strategy, chief) as scratch:
       with self._new_graph(strategy).as_default():
         spec, input_hooks = self._build_for(input_fn, ModeKeys.TRAIN,

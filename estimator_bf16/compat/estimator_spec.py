@@ -226,5 +226,5 @@ class TPUEstimatorSpec(collections.namedtuple('TPUEstimatorSpec', [
     """
     # Imported here: the conversion lives with TPUEstimator, which imports
     # this module.
-    from estimator_bf16.compat import tpu_estimator  # pylint: disable=g-import-not-at-top
-    return tpu_estimator.as_estimator_spec(self)
+    from estimator_bf16.compat import tpu_estimator as compat_tpu  # pylint: disable=g-import-not-at-top
+    return compat_tpu.as_estimator_spec(self)

@@ -30,7 +30,7 @@ from estimator_bf16.compat import checkpoints
 from estimator_bf16.compat import config as config_lib
 from estimator_bf16.compat import estimator as estimator_lib
 from estimator_bf16.compat import estimator_spec as spec_lib
-from estimator_bf16.compat import tpu_estimator as tpu_lib
+from estimator_bf16.compat import tpu_estimator as compat_tpu
 
 # The package roots the stand-ins live under: TensorFlow's own (up to 2.15
 # a re-export of tensorflow_estimator) and tensorflow_estimator's.
@@ -85,7 +85,7 @@ def _contents():
           'InputPipelineConfig': config_lib.InputPipelineConfig,
       },
       'tpu.tpu_estimator': {
-          'TPUEstimator': tpu_lib.TPUEstimator,
+          'TPUEstimator': compat_tpu.TPUEstimator,
           'TPUEstimatorSpec': spec_lib.TPUEstimatorSpec,
       },
   }

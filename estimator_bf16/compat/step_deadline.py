@@ -34,7 +34,7 @@ import time
 from absl import logging
 import tensorflow as tf
 
-from estimator_bf16.compat import distribute
+from estimator_bf16.compat import distribute as compat_distribute
 
 # Status of a task that the backstop ends (a failure, as for a raised error).
 EXIT_STATUS = 1
@@ -54,13 +54,13 @@ def hook_for(strategy):
     A hook for a multi-worker strategy whose collectives have a timeout;
     None otherwise (one process, or collectives that wait for ever).
   """
-  if strategy is None or not distribute.is_multi_worker(strategy):
+  if strategy is None or not compat_distribute.is_multi_worker(strategy):
     return None
-  timeout = distribute.collective_timeout(strategy)
+  timeout = compat_distribute.collective_timeout(strategy)
   if not timeout:
     return None
-  return StepDeadlineHook(timeout, distribute.task_name(strategy),
-                          distribute.suspects(strategy))
+  return StepDeadlineHook(timeout, compat_distribute.task_name(strategy),
+                          compat_distribute.suspects(strategy))
 
 
 class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
@@ -160,7 +160,7 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
           'hung or unreachable and its collectives neither completed nor '
           'timed out. %s' % (self._task, waited, _TIMEOUTS, self._timeout_secs,
                              _SLOWEST_STEPS, self._slowest, self._suspects,
-                             distribute.RESUME_ADVICE))
+                             compat_distribute.RESUME_ADVICE))
     logging.error('%s', self.message)
     sys.stderr.write('error: %s\n' % self.message)
     sys.stderr.flush()

@@ -21,7 +21,7 @@ estimator_bf16 uses the real TPUEstimator.
 
 import tensorflow as tf
 
-from estimator_bf16.compat import distribute
+from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.compat import estimator as estimator_lib
 from estimator_bf16.compat import estimator_spec as spec_lib
 from estimator_bf16.compat import calling
@@ -182,7 +182,7 @@ class TPUEstimator(estimator_lib.Estimator):
     # The batch sizes given to TPUEstimator are global, as on a TPU, where
     # each core gets its share.
     if 'batch_size' in params:
-      params['batch_size'] = distribute.per_replica_batch(
+      params['batch_size'] = compat_distribute.per_replica_batch(
           params['batch_size'], strategy, '%s_batch_size' % mode)
     return params
 

@@ -14,7 +14,7 @@ import tempfile
 from absl import logging
 import tensorflow as tf
 
-from estimator_bf16.compat import distribute
+from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.compat import step_deadline
 
 # What tf.distribute's own sessions use when asked to save by time.
@@ -34,7 +34,7 @@ def scratch_dir(strategy, chief):
     yield None
     return
   scratch = tempfile.mkdtemp(prefix='estimator_bf16_%s_' % (
-      distribute.task_name(strategy).replace(':', '')))
+      compat_distribute.task_name(strategy).replace(':', '')))
   try:
     yield scratch
   finally:
@@ -66,7 +66,7 @@ def _checkpoint_schedule(config, strategy):
   save_steps = config.save_checkpoints_steps
   save_secs = config.save_checkpoints_secs
   if save_secs and strategy is not None and (
-      distribute.is_multi_worker(strategy)):
+      compat_distribute.is_multi_worker(strategy)):
     # Timers fire at different steps in different tasks; the saves must
     # happen at the same step everywhere.
     logging.warning('save_checkpoints_secs=%s: a multi-worker job saves by '
@@ -140,8 +140,8 @@ def _open_session(task_hooks, chief_hooks, scaffold, config, model_dir,
   """
   target = ''
   if strategy is not None:
-    target = distribute.session_target(strategy, session_config)
-  if strategy is not None and distribute.is_multi_worker(strategy):
+    target = compat_distribute.session_target(strategy, session_config)
+  if strategy is not None and compat_distribute.is_multi_worker(strategy):
     return _multi_worker_session(
         target, model_dir, scratch or model_dir, scaffold,
         task_hooks + chief_hooks, session_config,
@@ -164,7 +164,7 @@ def _run_steps(session, spec, strategy, deadline):
     step ran.
 
   Raises:
-    distribute.WorkerFailure: a step failed because another task of a
+    compat_distribute.WorkerFailure: a step failed because another task of a
       multi-worker job failed or stopped answering.
   """
   loss = None
@@ -180,7 +180,7 @@ def _run_steps(session, spec, strategy, deadline):
           deadline.stop()
         raise
   except tf.errors.OpError as e:
-    failure = strategy and distribute.explain(e, strategy)
+    failure = strategy and compat_distribute.explain(e, strategy)
     if failure:
       raise failure from e
     raise
@@ -213,7 +213,7 @@ def run(spec, scaffold, input_hooks, hooks, steps, max_steps,
     The loss of the last step run (numpy float32), or None if none ran.
 
   Raises:
-    distribute.WorkerFailure: under a multi-worker strategy, another task
+    compat_distribute.WorkerFailure: under a multi-worker strategy, another task
       failed or stopped answering.
   """
   model_dir = config.model_dir

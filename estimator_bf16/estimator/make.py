@@ -25,10 +25,10 @@ from estimator_bf16.compat import tpu_estimator as compat_tpu
 from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.estimator import wrappers
 from estimator_bf16.levers import accumulation
-from estimator_bf16.levers import apply as levers
+from estimator_bf16.levers import apply
 from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import cpu_bfloat16
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 from estimator_bf16.safety import guards
 
 _RESERVED_PARAMS = ('batch_size', 'use_tpu', 'context')
@@ -220,8 +220,8 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       a bad `kernels`, K or recompute, or a `train_batch_size` not
       divisible by K x replicas (TPU replicas with `use_tpu`).
   """
-  precision = precision_lib.parse_precision(precision)
-  levers.check_levers(gradient_accumulation_steps, recompute)
+  precision = policy.parse_precision(precision)
+  apply.check_levers(gradient_accumulation_steps, recompute)
   cpu_kernels.parse_kernels(kernels)
   distribute = compat_distribute.check_strategy(distribute, 'distribute')
   if distribute is not None and use_tpu:

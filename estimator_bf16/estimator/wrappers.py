@@ -9,12 +9,12 @@ from estimator_bf16.autocast import contexts as autocast_lib
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.precision import rounding
 from estimator_bf16.compat import calling
-from estimator_bf16.levers import apply as levers
+from estimator_bf16.levers import apply
 from estimator_bf16.platform import slim_repair
 from estimator_bf16.safety import audit as audit_lib
 from estimator_bf16.precision import casting
 from estimator_bf16.precision import float32_spec
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 from estimator_bf16.precision import scope as scope_lib
 
 
@@ -71,12 +71,12 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
     ValueError: bad `precision`, `audit`, `kernels` or levers, or a model_fn
       signature an Estimator cannot call.
   """
-  precision = precision_lib.parse_precision(precision)
+  precision = policy.parse_precision(precision)
   _check_audit(audit)
   cpu_kernels.parse_kernels(kernels)
   # Inside the precision: the levers' gradients are those of the bfloat16
   # network, and the audit sees the graph they leave.
-  model_fn = levers.levers_model_fn(model_fn, gradient_accumulation_steps,
+  model_fn = apply.levers_model_fn(model_fn, gradient_accumulation_steps,
                                     recompute)
   accepted = calling.model_fn_arg_names(model_fn)
   # tf_slim.batch_norm is broken on TensorFlow 2.15+ (see platform/slim_repair.py).
@@ -184,7 +184,7 @@ def wrap_input_fn(input_fn, precision, exclude=()):
     TypeError: `input_fn` is not callable, or (when called) returns something
       that is neither a Dataset nor tensors.
   """
-  precision = precision_lib.parse_precision(precision)
+  precision = policy.parse_precision(precision)
   signature = calling.offered_signature(input_fn, 'input_fn')
   # tf-slim's data decoders are broken on TensorFlow 2.15+ as its
   # batch_norm is (platform/slim_repair.py): repaired while the input_fn
@@ -220,7 +220,7 @@ def build_network(network_fn=None, precision='bfloat16', exclude=()):
     float32; the network itself was built under autocast in
     `bfloat16_scope`. Without `network_fn`, a decorator.
   """
-  precision = precision_lib.parse_precision(precision)
+  precision = policy.parse_precision(precision)
   if network_fn is None:
     return functools.partial(build_network, precision=precision,
                              exclude=exclude)

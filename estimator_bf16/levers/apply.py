@@ -34,7 +34,7 @@ from estimator_bf16.compat import calling
 from estimator_bf16.levers import accumulation
 from estimator_bf16.levers import batch_dim
 from estimator_bf16.levers import device_accumulation
-from estimator_bf16.levers import recompute
+from estimator_bf16.levers import recompute as recompute_lib
 from estimator_bf16.platform import patching
 
 
@@ -96,10 +96,10 @@ def _gradients_in_levers(original):
     _LOCAL.inside += 1
     try:
       if levers.recompute:
-        gradients_fn = recompute.gradients_with_recompute
+        gradients_fn = recompute_lib.gradients_with_recompute
         # Under TensorFlow's own name scope, where the audit and the
         # planner look for the backward pass.
-        grads = recompute.gradients_with_recompute(
+        grads = recompute_lib.gradients_with_recompute(
             arguments['ys'], xs_list, arguments.get('grad_ys'),
             name=arguments.get('name') or 'gradients', **options)
       else:

@@ -47,11 +47,11 @@ from tensorflow.python.ops import gradients_impl
 
 from estimator_bf16.levers import batch_dim
 from estimator_bf16.levers import op_copy
-from estimator_bf16.levers import recompute
+from estimator_bf16.levers import recompute as recompute_lib
 from estimator_bf16.levers import recompute_path
 from estimator_bf16.levers import xla_order
 from estimator_bf16.platform import xla_context
-from estimator_bf16.safety import audit
+from estimator_bf16.safety import audit as audit_lib
 from estimator_bf16.precision import op_lists
 
 
@@ -147,7 +147,7 @@ class DeviceAccumulation(object):
     """
     gradients_fn = gradients_fn or gradients_impl.gradients
     graph = ys[0].graph
-    x_tensors = [recompute.x_tensor(x) for x in xs]
+    x_tensors = [recompute_lib.x_tensor(x) for x in xs]
     region, handles = self._region(graph, ys, x_tensors)
     shapes = _value_shapes(handles, xs, recompute_path.in_graph(x_tensors,
                                                                 graph))
@@ -203,7 +203,7 @@ class DeviceAccumulation(object):
           region.add(source)
     for op in region:
       if op._get_control_flow_context() is not context:  # pylint: disable=protected-access
-        where = audit.where_made(op)
+        where = audit_lib.where_made(op)
         raise ValueError(
             'gradient accumulation on a TPU copies the forward pass for each '
             'micro-batch, but %s (%s%s) is inside a tf.cond or while_loop of '

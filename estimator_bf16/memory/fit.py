@@ -22,15 +22,15 @@ import dataclasses
 import re
 from typing import Optional, Tuple
 
-from estimator_bf16.platform import tpu
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.platform.tpu import MiB
 from estimator_bf16.memory import planner
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 
-GiB = tpu.GiB
+GiB = tpu_facts.GiB
 
 # Memory of one core or chip of each TPU a fit plans for (platform/tpu.py).
-DEVICE_BYTES = tpu.TPU_DEVICE_BYTES
+DEVICE_BYTES = tpu_facts.TPU_DEVICE_BYTES
 
 # Step time per example relative to plain bfloat16: the cost model, with
 # constants measured by the benchmark (scripts/benchmark.py, 2026-11-25/26,
@@ -99,7 +99,7 @@ class Option:
     cost: estimated time per example relative to plain bfloat16 (`COSTS`).
     fits: planned_bytes plus the fit's margin is within the budget.
   """
-  precision: precision_lib.Precision
+  precision: policy.Precision
   gradient_accumulation_steps: int
   recompute: bool
   micro_batch: int
@@ -164,8 +164,8 @@ def plan_order(key):
   largest batches and `check`'s plan table all list plans in this order.
   """
   precision, second = key
-  return (precision_lib.PRECISIONS.index(
-      precision_lib.parse_precision(precision)), second)
+  return (policy.PRECISIONS.index(
+      policy.parse_precision(precision)), second)
 
 
 def sorted_plans(plans):
@@ -239,11 +239,11 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
     raise ValueError('margin must be a number >= 0, got %r.' % (margin,))
   all_steps = ([1] if accumulation_note is not None
                else divisors(batch_per_core))
-  plans = {(precision_lib.parse_precision(precision), recompute): plan
+  plans = {(policy.parse_precision(precision), recompute): plan
            for (precision, recompute), plan in plans.items()}
   same_recompute = []
-  for precision in map(precision_lib.parse_precision,
-                       precision_lib.PRECISIONS):
+  for precision in map(policy.parse_precision,
+                       policy.PRECISIONS):
     plain, recomputed = plans.get((precision, False)), plans.get(
         (precision, True))
     if plain is not None and recomputed is not None and (
@@ -274,7 +274,7 @@ def fit(plans, batch_per_core, budget_bytes, *, margin=PLAN_MARGIN,
 
 
 def lever_plans(model_fn, *, features, labels, params=None,
-                precisions=precision_lib.PRECISIONS, tile=None,
+                precisions=policy.PRECISIONS, tile=None,
                 compiled=False):
   """The plans `fit` needs: each precision with and without recompute.
 
@@ -361,7 +361,7 @@ class LargestBatch:
     batch: examples per core (per micro-step with accumulation); 0 when
       not even one fits.
   """
-  precision: precision_lib.Precision
+  precision: policy.Precision
   recompute: bool
   accumulation: bool
   batch: int
@@ -411,7 +411,7 @@ class BatchOverBudget:
   """
   batch_per_core: int
   largest_batch: int
-  precision: precision_lib.Precision
+  precision: policy.Precision
   recompute: bool
 
 

@@ -32,7 +32,7 @@ from estimator_bf16.levers import batch_dim
 from estimator_bf16.memory import plan_simulate
 from estimator_bf16.optimizers import registry as optimizers
 from estimator_bf16.precision import casting
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 from estimator_bf16.precision import op_lists
 
 # Any rate will do: it plays no part in memory.
@@ -216,7 +216,7 @@ def build_step(builder, features, labels, precision, batch_size, tile=None):
   """
   graph = tf.Graph()
   with graph.as_default():
-    dtype = precision_lib.compute_dtype(precision)
+    dtype = policy.compute_dtype(precision)
     feature_tensors = _placeholders(features, batch_size, dtype)
     label_tensors = (None if labels is None else
                      _placeholders(labels, batch_size, dtype))

@@ -57,15 +57,15 @@ from typing import Tuple
 import tensorflow as tf
 
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.platform import tpu
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.estimator import wrappers
 from estimator_bf16.levers import batch_dim
-from estimator_bf16.levers import apply as levers
+from estimator_bf16.levers import apply
 from estimator_bf16.memory import plan_build
 from estimator_bf16.memory import plan_simulate
 from estimator_bf16.levers import recompute as recompute_lib
 from estimator_bf16.platform import quiet
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 
 
 
@@ -218,7 +218,7 @@ class MemoryPlan:
   def max_batch_per_core(self, multiple_of=1):
     """{'v2': batch, 'v3': batch}: largest batch per TPU core."""
     return {name: self.max_batch(size, multiple_of)
-            for name, size in tpu.TPU_CORE_BYTES}
+            for name, size in tpu_facts.TPU_CORE_BYTES}
 
   def summary(self):
     """One line for logs and tables."""
@@ -226,10 +226,12 @@ class MemoryPlan:
                       sorted(self.max_batch_per_core().items()))
     return ('%s/%s: params %.1f MiB, slots %.1f MiB, state %.1f MiB, fixed '
             '%.1f MiB, %.2f MiB per example; max batch %s' % (
-                self.precision, self.optimizer, self.parameter_bytes / tpu.MiB,
-                self.slot_bytes / tpu.MiB, self.state_bytes / tpu.MiB,
-                self.fixed_bytes / tpu.MiB, self.bytes_per_example / tpu.MiB,
-                cores))
+                self.precision, self.optimizer,
+                self.parameter_bytes / tpu_facts.MiB,
+                self.slot_bytes / tpu_facts.MiB,
+                self.state_bytes / tpu_facts.MiB,
+                self.fixed_bytes / tpu_facts.MiB,
+                self.bytes_per_example / tpu_facts.MiB, cores))
 
 
 def input_specs(input_fn, params=None):
@@ -309,7 +311,7 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
     ValueError: bad precision, batch sizes or optimizer, both or neither of
       model_fn and network_fn, or a graph without gradients.
   """
-  precision = precision_lib.parse_precision(precision)
+  precision = policy.parse_precision(precision)
   _check_arguments(model_fn, network_fn, optimizer, batch_sizes,
                    gradient_accumulation_steps, recompute)
   builder, optimizer_name = _step_builder(
@@ -335,7 +337,7 @@ def memory_plan(model_fn=None, *, network_fn=None, features,
 def _check_arguments(model_fn, network_fn, optimizer, batch_sizes,
                      gradient_accumulation_steps, recompute):
   """Raises ValueError for the bad combinations `memory_plan` documents."""
-  levers.check_levers(gradient_accumulation_steps, recompute)
+  apply.check_levers(gradient_accumulation_steps, recompute)
   if (model_fn is None) == (network_fn is None):
     raise ValueError('Pass exactly one of model_fn and network_fn.')
   if len(batch_sizes) != 2 or batch_sizes[0] == batch_sizes[1] or min(

@@ -54,7 +54,7 @@ from estimator_bf16.memory import xla_dump
 from estimator_bf16.platform import interrupts
 from estimator_bf16.platform import patching
 from estimator_bf16.platform import quiet
-from estimator_bf16.safety import audit
+from estimator_bf16.safety import audit as audit_lib
 
 # XLA's element type names (as in a buffer assignment's shapes).
 _XLA_TYPES = {
@@ -330,7 +330,7 @@ def _one_line_failure(error, graph):
     if op is not None:
       node = op.name
       op_type = op_type or op.type
-      made = audit.where_made(op)
+      made = audit_lib.where_made(op)
       where = ' made at %s' % made if made else ''
   lines = [line.strip() for line in message.splitlines() if line.strip()]
   useful = [line for line in lines if not line.startswith(

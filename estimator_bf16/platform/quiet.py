@@ -31,7 +31,7 @@ import re
 import subprocess
 import sys
 
-from estimator_bf16.platform import backend
+from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import patching
 
 VERBOSE_FLAG = '--verbose'
@@ -182,7 +182,7 @@ def loading_noise_hidden(argv=None):
     argv: the interpreter's full command line (default `sys.orig_argv`).
   """
   if (not _hides_noise(argv) or 'tensorflow' in sys.modules or
-      backend.installed_tf_version() < (2, 16)):
+      backend_lib.installed_tf_version() < (2, 16)):
     yield
     return
   with descriptor_filtered(LOAD_NOISE.pattern):

@@ -12,7 +12,7 @@ import collections.abc
 import tensorflow as tf
 
 from estimator_bf16.precision import rounding
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 
 FLOATING_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 # The 16-bit floating dtypes (defined with autocast's rounding records, whose
@@ -95,7 +95,7 @@ def cast_features(features, precision, exclude=()):
   Raises:
     ValueError: if `precision` is not one of `PRECISIONS`.
   """
-  dtype = precision_lib.compute_dtype(precision)
+  dtype = policy.compute_dtype(precision)
   exclude = frozenset(_as_keys(exclude))
   with tf.name_scope('cast_features'):
     return map_floating(features, dtype, exclude)

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_bf16.precision import rounding
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 
 
 def _is_bfloat16_constant(initializer):
@@ -100,7 +100,7 @@ def bfloat16_scope(precision='bfloat16'):
   Raises:
     ValueError: if `precision` is not one of `PRECISIONS`.
   """
-  precision = precision_lib.parse_precision(precision)
+  precision = policy.parse_precision(precision)
   current = tf.compat.v1.get_variable_scope()
   if not precision.bfloat16:
     yield current

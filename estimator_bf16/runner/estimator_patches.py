@@ -27,8 +27,8 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.levers import accumulation
-from estimator_bf16.memory import peak as memory_lib
-from estimator_bf16.platform import backend
+from estimator_bf16.memory import peak as peak_lib
+from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import patching
 from estimator_bf16.runner import results
 from estimator_bf16.runner import run_state
@@ -44,7 +44,7 @@ _THREAD = threading.local()
 def estimator_classes():
   """(Estimator base, TPUEstimator) pairs of each backend importable here."""
   pairs = [(eb.compat.Estimator, eb.compat.TPUEstimator)]
-  if eb.BACKEND == backend.ESTIMATOR_BACKEND:
+  if eb.BACKEND == backend_lib.ESTIMATOR_BACKEND:
     # pylint: disable=g-import-not-at-top
     from tensorflow_estimator.python.estimator import estimator as tfe
     from tensorflow_estimator.python.estimator.tpu import tpu_estimator
@@ -237,7 +237,7 @@ def _patched_entry(original, name):
     run.step_hooks.append(counter)
     hooks.append(counter)
     if run.memory:
-      hook = memory_lib.PeakMemoryHook()
+      hook = peak_lib.PeakMemoryHook()
       run.hooks.append(hook)
       hooks.append(hook)
     # SIGTERM and Ctrl-C are handled only while the program trains,

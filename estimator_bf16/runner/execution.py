@@ -23,7 +23,7 @@ from absl import flags
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.platform import backend
+from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.platform import shown_paths
 from estimator_bf16.runner import results
 from estimator_bf16.runner import run_state
@@ -56,7 +56,7 @@ def compat_backend():
   The program's `tf.estimator` imports resolve only with it; a backend the
   caller installed stays, one installed here is uninstalled on exit.
   """
-  installed_here = (eb.BACKEND == backend.COMPAT_BACKEND and
+  installed_here = (eb.BACKEND == backend_lib.COMPAT_BACKEND and
                     not eb.compat.installed())
   if installed_here:
     eb.compat.install()

@@ -19,13 +19,13 @@ twice.
 import functools
 
 from estimator_bf16.memory import fit as fit_lib
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report
 
 
 def run_with_fit(program, args=(), *, budget_bytes,
-                 precisions=precision_lib.PRECISIONS, audit='strict',
+                 precisions=policy.PRECISIONS, audit='strict',
                  exclude=(), tf1=None, tf1_paths=(), on_choice=None,
                  kernels='auto', seed=None):
   """Runs `program` with the cheapest levers that fit `budget_bytes`.
@@ -50,7 +50,7 @@ def run_with_fit(program, args=(), *, budget_bytes,
     runner.ProgramError: the program is missing, or an option is bad.
   """
   try:
-    precisions = tuple(precision_lib.parse_precision(precision)
+    precisions = tuple(policy.parse_precision(precision)
                        for precision in precisions)
   except ValueError as e:
     raise runner.ProgramError('--precision: %s' % e)

@@ -42,9 +42,9 @@ import contextlib
 import os
 
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.levers import apply as levers_lib
+from estimator_bf16.levers import apply
 from estimator_bf16.platform import quiet
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 from estimator_bf16.safety import audit as audit_lib
 from estimator_bf16.runner import estimator_patches
 from estimator_bf16.runner import execution
@@ -62,7 +62,7 @@ def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
                    kernels='auto'):
   """Raises `ProgramError` on a bad option; returns the `Precision`."""
   try:
-    precision = precision_lib.parse_precision(precision)
+    precision = policy.parse_precision(precision)
   except ValueError as e:
     raise ProgramError('--precision: %s' % e)
   try:
@@ -70,7 +70,7 @@ def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
   except ValueError as e:
     raise ProgramError('--kernels: %s' % e)
   try:
-    levers_lib.check_levers(gradient_accumulation_steps, recompute)
+    apply.check_levers(gradient_accumulation_steps, recompute)
   except ValueError as e:
     raise ProgramError(str(e))
   if audit not in audit_lib.AUDIT_MODES:

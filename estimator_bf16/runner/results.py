@@ -8,7 +8,7 @@ runs when the program or an option is bad. `run_report` prints them.
 import dataclasses
 from typing import Any, List, Optional
 
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 
 
 class Refusal(Exception):
@@ -117,7 +117,7 @@ class RunResult:
       [value, dtype name]} of its scalar results.
   """
   program: str
-  precision: precision_lib.Precision
+  precision: policy.Precision
   exit_code: int = 0
   estimators: int = 0
   reports: list = dataclasses.field(default_factory=list)
@@ -149,7 +149,7 @@ class RunResult:
 
   def __post_init__(self):
     # `run_program` hands over a `Precision`, kept as it is.
-    self.precision = precision_lib.parse_precision(self.precision)
+    self.precision = policy.parse_precision(self.precision)
 
   @property
   def problems(self):

@@ -14,7 +14,7 @@ from typing import Optional
 import estimator_bf16 as eb
 from estimator_bf16.memory import xla_step
 from estimator_bf16.platform.tpu import MiB
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 
 # Steps per compiled loop (input batches stacked into its arguments). One
 # step's buffers do not depend on how many steps the loop runs.
@@ -46,7 +46,7 @@ class XlaCheck:
   planned_bytes: Optional[int]
   plan_error: Optional[str]
   iterations_per_loop: Optional[int]
-  precision: precision_lib.Precision = precision_lib.Precision('bfloat16')
+  precision: policy.Precision = policy.Precision('bfloat16')
   gradient_accumulation_steps: int = 1
   recompute: bool = False
 

@@ -7,11 +7,11 @@ network or the file system, so a rejected command never costs a TPU.
 
 import re
 
-from estimator_bf16.platform import tpu
+from estimator_bf16.platform import tpu as tpu_facts
 
 # A Cloud TPU core count is given in TensorCores; every host of the v2, v3,
 # v4 and v5p generations holds one board's 8, so more means a pod slice.
-CORES_PER_HOST = tpu.TPU_CORES_PER_BOARD
+CORES_PER_HOST = tpu_facts.TPU_CORES_PER_BOARD
 TPU_VM_GENERATIONS = ('v2', 'v3', 'v4', 'v5p')
 VERTEX_ACCELERATORS = ('TPU_V2', 'TPU_V3')
 

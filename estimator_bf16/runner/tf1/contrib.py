@@ -26,14 +26,14 @@ from typing import Callable, Dict, Tuple
 
 import tensorflow as tf
 
-import estimator_bf16
+import estimator_bf16 as eb
 from estimator_bf16.platform import shown_paths
 from estimator_bf16.runner import results
 from estimator_bf16.runner.tf1 import hparams
 
 # The installed package's folder (not this subpackage's): its code is never
 # the program's.
-_PACKAGE_DIR = os.path.abspath(estimator_bf16.__path__[0])
+_PACKAGE_DIR = os.path.abspath(eb.__path__[0])
 
 
 class UnmappedContribError(results.Refusal, ImportError):

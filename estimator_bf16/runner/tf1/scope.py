@@ -28,14 +28,14 @@ import importlib.machinery
 import os
 import sys
 
-import estimator_bf16
+import estimator_bf16 as eb
 from estimator_bf16.runner.tf1.detect import detect as detect_tf1
 from estimator_bf16.runner.tf1.detect import tf1_only_module
 from estimator_bf16.runner.tf1 import module as module_lib
 
 # The installed package's folder (not this subpackage's): its code is never
 # the program's.
-_PACKAGE_DIR = os.path.abspath(estimator_bf16.__path__[0])
+_PACKAGE_DIR = os.path.abspath(eb.__path__[0])
 # Installed libraries can sit under a program's folder (a virtualenv next
 # to the program); they keep the real TensorFlow.
 _LIBRARY_DIRS = ('site-packages', 'dist-packages')
