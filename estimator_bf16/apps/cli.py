@@ -31,6 +31,7 @@ from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.precision import policy
 from estimator_bf16.runner import fit_report
 from estimator_bf16.runner import fit_run
+from estimator_bf16.runner import planning as planning_lib
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report
 from estimator_bf16.runner import xla_check
@@ -332,11 +333,11 @@ def _plan_fn(args, budget, precisions, check):
   """What `run_program` plans with: the fit's table, `check`'s plan, or None."""
   if budget is not None:
     return functools.partial(
-        run_report.fit_plans, budget_bytes=budget, precisions=precisions,
+        planning_lib.fit_plans, budget_bytes=budget, precisions=precisions,
         tpu=(args.device or '').startswith('tpu-'))
   if check:
     return functools.partial(
-        run_report.memory_plans,
+        planning_lib.memory_plans,
         gradient_accumulation_steps=args.accumulate,
         recompute=args.recompute)
   return None
@@ -391,9 +392,9 @@ def _run_fit(args, budget, precisions, exclude):
   """`run --fit`: plan, print the table, train with the choice, report."""
 
   def announce(planning):
-    lines = [''] + fit_report.fit_lines(planning.plans)
+    lines = [''] + fit_report.fit_lines(planning.fit_plans)
     lines.append('estimator_bf16 run --fit: running %s with %s' % (
-        args.program, fit_report.describe(planning.plans.chosen)))
+        args.program, fit_report.describe(planning.fit_plans.chosen)))
     print('\n'.join(lines), file=sys.stderr, flush=True)
 
   try:
@@ -416,9 +417,9 @@ def _run_fit(args, budget, precisions, exclude):
   if result is None:
     # Nothing trained: the plan's report says why (the program's failure,
     # audit problems, or the table and the advice when nothing fits).
-    print(run_report.format_check_report(planning, True).replace(
-        'estimator_bf16 check:', 'estimator_bf16 run --fit (planning, '
-        'nothing trained):', 1), end='', file=sys.stderr, flush=True)
+    print(run_report.format_check_report(
+        planning, True, command='run --fit (planning, nothing trained)'),
+          end='', file=sys.stderr, flush=True)
     _explain_misplaced(args, planning)
     return code
   print(run_report.format_run_report(result), end='', file=sys.stderr,

@@ -9,7 +9,7 @@
 The program runs twice in this process. First as `check` runs it: up to
 its first `train` call, with scratch model_dirs, so nothing is trained or
 written; that gives the TRAIN graph, whose step is planned under every
-lever combination (`run_report.fit_plans`, for this machine). Then, if an
+lever combination (`planning.fit_plans`, for this machine). Then, if an
 option fits, whole, with the cheapest one's precision, accumulation and
 recompute, and with the step's memory measured (`peak_memory`). Whatever
 the program prints before its first `train` call is therefore printed
@@ -18,10 +18,9 @@ twice.
 
 import functools
 
-from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.precision import policy
 from estimator_bf16.runner import program as runner
-from estimator_bf16.runner import report as run_report
+from estimator_bf16.runner import planning as planning_lib
 
 
 def run_with_fit(program, args=(), *, budget_bytes,
@@ -36,15 +35,15 @@ def run_with_fit(program, args=(), *, budget_bytes,
     budget_bytes: int, memory of one core (or of this CPU's process).
     precisions: the precisions the fit may choose from (names or
       `Precision`s), parsed once here; the last is the planning run's.
-    on_choice: called with the planning `RunResult` (its `.plans` is the
-      `FitResult`) once an option is chosen, before training starts.
+    on_choice: called with the planning `RunResult` (its `.fit_plans` is
+      the `FitResult`) once an option is chosen, before training starts.
 
   Returns:
     (planning, result): the check-mode `RunResult` that planned, and the
     training run's `RunResult` (its `.fit` set), or None when nothing was
     trained: the program failed or never trained before the plan, its
     TRAIN graph has audit problems and `audit` is 'strict', the plan
-    failed, or nothing fits (`planning.plans.chosen` is None).
+    failed, or nothing fits (`planning.fit_plans.chosen` is None).
 
   Raises:
     runner.ProgramError: the program is missing, or an option is bad.
@@ -54,16 +53,16 @@ def run_with_fit(program, args=(), *, budget_bytes,
                        for precision in precisions)
   except ValueError as e:
     raise runner.ProgramError('--precision: %s' % e)
-  plan_fn = functools.partial(run_report.fit_plans, budget_bytes=budget_bytes,
+  plan_fn = functools.partial(planning_lib.fit_plans, budget_bytes=budget_bytes,
                               precisions=precisions, here=True)
   planning = runner.run_program(
       program, args, precision=precisions[-1], audit=audit, exclude=exclude,
       check=True, plan_fn=plan_fn, tf1=tf1, tf1_paths=tf1_paths,
       kernels=kernels, seed=seed)
-  fitted = planning.plans
+  fitted = planning.fit_plans
   if (planning.train_graph is None or planning.error is not None or
       (audit == 'strict' and planning.problems) or
-      not isinstance(fitted, fit_lib.FitResult) or fitted.chosen is None):
+      fitted is None or fitted.chosen is None):
     return planning, None
   if on_choice is not None:
     on_choice(planning)

@@ -43,6 +43,7 @@ import os
 
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.levers import apply
+from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.platform import quiet
 from estimator_bf16.precision import policy
 from estimator_bf16.safety import audit as audit_lib
@@ -119,7 +120,8 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     check: stop at the first TRAIN graph, before any training.
     plan_fn: in check mode, `plan_fn(train_graph) -> plans` run while the
       program's environment is still in place (its modules may need the
-      compat backend); its result goes to `RunResult.plans`.
+      compat backend); its result goes to `RunResult.plans`, or to
+      `RunResult.fit_plans` when it is a `memory.fit.FitResult`.
     tf1: run the program with the TF 1.x API (True), without (False), or
       decide from its source (None, `estimator_bf16.runner.tf1.detect`).
     tf1_paths: more folders whose modules are the program's own TF 1.x
@@ -187,7 +189,12 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     if (check and plan_fn is not None and result.train_graph is not None
         and result.train_graph.features is not None):
       try:
-        result.plans = plan_fn(result.train_graph)
+        planned = plan_fn(result.train_graph)
+        # The one place the two kinds of plan are told apart.
+        if isinstance(planned, fit_lib.FitResult):
+          result.fit_plans = planned
+        else:
+          result.plans = planned
       except Exception as e:  # pylint: disable=broad-except
         result.plan_error = '%s: %s' % (type(e).__name__, e)
     if check and xla_fn is not None and result.train_graph is not None:

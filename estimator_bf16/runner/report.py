@@ -4,61 +4,16 @@
 FLOPs, audit problems, measured peak step memory, a stop by SIGTERM and the
 checkpoint it left). `check` prints the audit
 of the program's TRAIN graph and a memory plan: the batch per TPU v2 / v3
-core in each precision, with Adam and with Adafactor.
+core in each precision, with Adam and with Adafactor (the plans are
+`planning.py`'s; this module only formats them).
 """
 
-import dataclasses
-
-import tensorflow as tf
-
-import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.platform.tpu import MiB
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import peak as peak_lib
-from estimator_bf16.memory import slots as slots_lib
-from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.runner import fit_report
 from estimator_bf16.runner import xla_check
-
-PLAN_OPTIMIZERS = ('adam', 'adafactor')
-
-
-def memory_plans(train_graph, precisions=eb.PRECISIONS,
-                 optimizers=PLAN_OPTIMIZERS, gradient_accumulation_steps=1,
-                 recompute=False):
-  """Memory plans of the program's model_fn for each precision and optimizer.
-
-  `eb.memory_plan` builds the model_fn's own training step (its own
-  optimizer included) at two small batches. The optimizer's state is then
-  set to what Adam or Adafactor keeps for the program's trainable
-  variables; the transient part (activations, gradients, the bfloat16
-  copies of the weights) stays the model_fn's own.
-
-  Args:
-    train_graph: a `runner.TrainGraph`.
-    precisions: precisions to plan.
-    optimizers: names from `PLAN_OPTIMIZERS`.
-    gradient_accumulation_steps, recompute: the levers the run uses; with
-      K > 1 the plans' batches are effective batches and the accumulators
-      (one float32 copy of the trainable variables) count as slots.
-
-  Returns:
-    {(precision, optimizer): `eb.MemoryPlan`}.
-  """
-  plans = {}
-  for precision in precisions:
-    plan = eb.memory_plan(train_graph.model_fn, features=train_graph.features,
-                          labels=train_graph.labels, precision=precision,
-                          params=train_graph.params,
-                          gradient_accumulation_steps=gradient_accumulation_steps,
-                          recompute=recompute)
-    for optimizer in optimizers:
-      plans[(precision, optimizer)] = slots_lib.optimizer_plan(
-          plan, optimizer, train_graph.variable_shapes)
-  return plans
-
 
 def _problem_lines(problems):
   if not problems:
@@ -139,57 +94,6 @@ def levers_line(result):
   return 'memory levers: %s' % ('; '.join(parts) or 'none')
 
 
-def fit_plans(train_graph, budget_bytes, precisions=eb.PRECISIONS,
-              here=False, tpu=False):
-  """`--fit`: every lever combination for the program's batch.
-
-  Accumulation is left out where the runner cannot split the estimator's
-  batch (`TrainGraph.accumulation_note`); on a TPU each step of the device
-  loop splits its batch itself (`levers.device_accumulation`), so a TPU
-  core's budget plans it too.
-
-  Args:
-    train_graph: a `runner.TrainGraph`; its static batch is the per-core
-      batch of one update.
-    budget_bytes: memory of one core.
-    precisions: the precisions to consider (`--precision=float32` keeps
-      float32 only).
-    here: plan for training on this machine (`run --fit`): on a CPU that
-      emulates bfloat16, with the float32 copies its matmuls make and the
-      planner's wider margin there. False plans a TPU core (`check`).
-    tpu: the budget is a TPU core's (`--device=tpu-*`): the step is
-      planned as XLA compiles it for a TPU (`compiled`), with tensors
-      padded to the TPU's tiles (`platform.tpu.TPU_TILE`).
-
-  Returns:
-    An `estimator_bf16.memory.fit.FitResult`.
-
-  Raises:
-    ValueError: the TRAIN graph's batch is not static.
-  """
-  if not train_graph.batch_size:
-    raise ValueError('the TRAIN graph has no static batch size to fit; '
-                     'batch with drop_remainder=True.')
-  plans = fit_lib.lever_plans(train_graph.model_fn,
-                              features=train_graph.features,
-                              labels=train_graph.labels,
-                              params=train_graph.params,
-                              precisions=precisions,
-                              tile=tpu_facts.TPU_TILE if tpu else None,
-                              compiled=tpu)
-  upcast = (here and not train_graph.use_tpu and
-            cpu_bfloat16.emulated_kernels())
-  images = any(spec.dtype.is_floating and (spec.shape.rank or 0) >= 3
-               for spec in tf.nest.flatten(train_graph.features))
-  result = fit_lib.fit(
-      plans, train_graph.batch_size, budget_bytes,
-      margin=(fit_lib.EMULATED_PLAN_MARGIN if upcast
-              else fit_lib.PLAN_MARGIN),
-      upcast=upcast,
-      accumulation_note=train_graph.accumulation_note)
-  return dataclasses.replace(result, image_input=images)
-
-
 def fit_measured_bytes(result):
   """The measured step `run --fit` compares: the first `train` call's,
   whose TRAIN graph was the one planned (0 if not measured)."""
@@ -220,8 +124,8 @@ def fit_run_lines(result):
 def fit_passed(result, fit_requested=False):
   """False when `--fit` found nothing that fits, or (`fit_requested`)
   could not plan at all; True otherwise."""
-  if isinstance(result.plans, fit_lib.FitResult):
-    return result.plans.chosen is not None
+  if result.fit_plans is not None:
+    return result.fit_plans.chosen is not None
   return not fit_requested
 
 
@@ -249,9 +153,7 @@ def report_json(result, budget_bytes=None, exit_code=None):
   (every option). `exit_code` is the command's when
   given (a check that found nothing fitting exits 1), else the program's.
   """
-  fitted = result.fit
-  if isinstance(result.plans, fit_lib.FitResult):
-    fitted = result.plans
+  fitted = result.fit_plans or result.fit
   levers = {'precision': result.precision,
             'gradient_accumulation_steps': result.gradient_accumulation_steps,
             'recompute': result.recompute, 'kernels': result.kernels}
@@ -267,7 +169,8 @@ def report_json(result, budget_bytes=None, exit_code=None):
       'problems': list(result.problems),
       'train_steps': list(result.train_steps),
       'evaluations': list(result.evaluations),
-      'plan_made': bool(result.plans) and result.plan_error is None,
+      'plan_made': (bool(result.plans) or result.fit_plans is not None) and (
+          result.plan_error is None),
       'plan_error': result.plan_error,
       'cpu_substituted_ops': (dict(result.reports[-1].cpu_substituted_ops)
                               if result.reports else {}),
@@ -429,18 +332,20 @@ def plan_problem_line(result, limit=240):
   return 'memory plan: PROBLEM, it could not be made: %s' % reason
 
 
-def format_check_report(result, fit_requested=False):
+def format_check_report(result, fit_requested=False, command='check'):
   """What `check` prints: the audit, then the memory plan.
 
   Args:
     result: a `runner.RunResult` from a check-mode run.
     fit_requested: `--fit` was given: a plan that cannot be made fails.
+    command: what the header says ran: 'check', or for a `run --fit` that
+      trained nothing 'run --fit (planning, nothing trained)'.
 
   Returns:
     str, ending with a newline.
   """
-  lines = ['', 'estimator_bf16 check: %s (TRAIN graph in %s)' % (
-      result.program, result.precision), _tf1_line(result),
+  lines = ['', 'estimator_bf16 %s: %s (TRAIN graph in %s)' % (
+      command, result.program, result.precision), _tf1_line(result),
            levers_line(result)]
   if result.train_graph is None:
     if result.error is not None:
@@ -460,8 +365,8 @@ def format_check_report(result, fit_requested=False):
   lines += kernels_lines(result)
   lines += _problem_lines(result.problems)
   lines.append('')
-  if isinstance(result.plans, fit_lib.FitResult):
-    lines += fit_report.fit_lines(result.plans)
+  if result.fit_plans is not None:
+    lines += fit_report.fit_lines(result.fit_plans)
   elif result.plans:
     lines.append('memory plan: largest batch per TPU core (v2: 8 GiB, v3: 16 '
                  'GiB HBM), for one training step')

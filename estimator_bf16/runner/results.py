@@ -84,9 +84,10 @@ class RunResult:
     train_peak_tensor_bytes: the same for each `train` call, in order.
     local_resolvers: how many empty-name TPU resolvers got the stand-in.
     train_graph: in check mode, the first TRAIN graph (None if none built).
-    plans: in check mode, what `plan_fn` returned: {(precision, optimizer):
-      MemoryPlan}, or with `check --fit` an
-      `estimator_bf16.memory.fit.FitResult`.
+    plans: in check mode, the memory plans `plan_fn` returned:
+      {(precision, optimizer): MemoryPlan}.
+    fit_plans: in check mode with `--fit`, the
+      `estimator_bf16.memory.fit.FitResult` `plan_fn` returned instead.
     plan_error: why the plans are missing, if they are.
     error: the exception that ended the program, formatted, if any.
     stopped_by: the signal that stopped training and ended the program
@@ -127,6 +128,7 @@ class RunResult:
   local_resolvers: int = 0
   train_graph: Optional[TrainGraph] = None
   plans: Any = dataclasses.field(default_factory=dict)
+  fit_plans: Any = None
   plan_error: Optional[str] = None
   error: Optional[str] = None
   stopped_by: Optional[str] = None

@@ -71,7 +71,7 @@ def levers_of(result):
 
   The precision is a `Precision`, the run's or the fit option's.
   """
-  chosen = getattr(result.plans, 'chosen', None)
+  chosen = result.fit_plans.chosen if result.fit_plans is not None else None
   if chosen is not None:
     return (chosen.precision, chosen.gradient_accumulation_steps,
             chosen.recompute)

@@ -15,6 +15,7 @@ import tensorflow as tf
 from estimator_bf16.levers import batch_dim
 from estimator_bf16.memory import planner
 from estimator_bf16.runner import program as runner
+from estimator_bf16.runner import planning as planning_lib
 from estimator_bf16.runner import report as run_report
 
 _IMAGE = 16
@@ -285,7 +286,7 @@ class PlainEstimatorLayoutTest(tf.test.TestCase):
       f.write(textwrap.dedent(_PLAIN_ESTIMATOR_IMAGES % transposed))
     result = runner.run_program(
         path, check=True,
-        plan_fn=lambda graph: run_report.memory_plans(
+        plan_fn=lambda graph: planning_lib.memory_plans(
             graph, precisions=('bfloat16',), optimizers=('adam',)))
     self.assertIsNone(result.plan_error)
     return result
@@ -345,7 +346,7 @@ class PlanFailureTest(tf.test.TestCase):
       f.write(textwrap.dedent(_CHECKED_PROGRAM))
     result = runner.run_program(
         path, check=True,
-        plan_fn=lambda graph: run_report.memory_plans(
+        plan_fn=lambda graph: planning_lib.memory_plans(
             graph, precisions=('bfloat16',), optimizers=('adam',)))
     self.assertIsNone(result.plan_error)
     self.assertTrue(run_report.check_passed(result))

@@ -697,7 +697,9 @@ class RunFitChoiceCommandTest(tf.test.TestCase):
     self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
     self.assertIn('nothing fits', proc.stderr)
     self.assertIn('num_cores_per_replica=2', proc.stderr)
-    self.assertIn('nothing trained', proc.stderr)
+    self.assertIn('\nestimator_bf16 run --fit (planning, nothing trained): ',
+                  proc.stderr)
+    self.assertNotIn('estimator_bf16 check:', proc.stderr)
     self.assertNotIn('the program trained', proc.stdout)
     self.assertIsNone(tf.train.latest_checkpoint(model_dir))
 

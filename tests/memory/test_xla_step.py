@@ -585,14 +585,15 @@ class LeversOfTest(tf.test.TestCase):
         precision=policy.parse_precision('float32'),
         gradient_accumulation_steps=4, recompute=True)
     with_fit = types.SimpleNamespace(
-        plans=types.SimpleNamespace(chosen=chosen),
+        plans={}, fit_plans=types.SimpleNamespace(chosen=chosen),
         precision=policy.parse_precision('bfloat16'),
         gradient_accumulation_steps=1, recompute=False)
     levers = xla_check.levers_of(with_fit)
     self.assertEqual(levers, ('float32', 4, True))
     self.assertIs(levers[0], chosen.precision)
     run_precision = policy.parse_precision('bfloat16')
-    plain = types.SimpleNamespace(plans={}, precision=run_precision,
+    plain = types.SimpleNamespace(plans={}, fit_plans=None,
+                                  precision=run_precision,
                                   gradient_accumulation_steps=2,
                                   recompute=False)
     levers = xla_check.levers_of(plain)
