@@ -94,6 +94,25 @@ def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
   return precision
 
 
+def _plan(result, plan_fn):
+  """Runs `plan_fn` on the caught TRAIN graph into `result`, or its error.
+
+  The one place the two kinds of plan are told apart: a `--fit` result
+  goes to `result.fit_plans`, memory plans to `result.plans`.
+  """
+  if result.train_graph is None or result.train_graph.features is None:
+    return
+  try:
+    planned = plan_fn(result.train_graph)
+  except Exception as e:  # pylint: disable=broad-except
+    result.plan_error = '%s: %s' % (type(e).__name__, e)
+    return
+  if isinstance(planned, fit_lib.FitResult):
+    result.fit_plans = planned
+  else:
+    result.plans = planned
+
+
 def _first_line(text, limit=300):
   lines = [line.strip() for line in text.splitlines() if line.strip()]
   line = lines[0] if lines else text
@@ -186,17 +205,8 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     stack.enter_context(execution.program_argv(program, args))
     execution.run_as_main(program, program_globals, folders, result,
                           verbose)
-    if (check and plan_fn is not None and result.train_graph is not None
-        and result.train_graph.features is not None):
-      try:
-        planned = plan_fn(result.train_graph)
-        # The one place the two kinds of plan are told apart.
-        if isinstance(planned, fit_lib.FitResult):
-          result.fit_plans = planned
-        else:
-          result.plans = planned
-      except Exception as e:  # pylint: disable=broad-except
-        result.plan_error = '%s: %s' % (type(e).__name__, e)
+    if check and plan_fn is not None:
+      _plan(result, plan_fn)
     if check and xla_fn is not None and result.train_graph is not None:
       try:
         result.xla = xla_fn(result.train_graph, result)
