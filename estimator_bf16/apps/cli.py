@@ -261,7 +261,8 @@ def main(argv=None):
   try:
     # Parsed once: everything below, the runner included, gets the value.
     precision_given = args.precision is not None
-    args.precision = policy.parse_precision(args.precision or 'bfloat16')
+    args.precision = policy.parse_precision(
+        args.precision or policy.DEFAULT_PRECISION)
   except ValueError as e:
     return _error('--%s' % e)
   problem = _option_problem(args)

@@ -9,6 +9,9 @@ they use as is (parsing a `Precision` again returns it unchanged).
 import tensorflow as tf
 
 PRECISIONS = ('float32', 'bfloat16')
+# What a command runs a program in when no --precision is given (`run`,
+# `check`, `tpu-submit ... --program`).
+DEFAULT_PRECISION = PRECISIONS[1]
 
 _DTYPES = {'float32': tf.float32, 'bfloat16': tf.bfloat16}
 

@@ -7,7 +7,6 @@ full story and argparse rejects what does not belong there.
 import argparse
 
 from estimator_bf16.apps.tpu_submit import ai_platform
-from estimator_bf16.apps.tpu_submit import program as program_lib
 from estimator_bf16.apps.tpu_submit import tpu_vm
 from estimator_bf16.apps.tpu_submit import vertex
 from estimator_bf16.precision import policy
@@ -83,7 +82,7 @@ def _add_tpu_run(parser):
   program.add_argument(
       '--precision', metavar='{%s}' % ','.join(policy.PRECISIONS),
       help='%s (default); float32 runs the program unchanged; only with '
-      '--program' % program_lib.DEFAULT_PRECISION)
+      '--program' % policy.DEFAULT_PRECISION)
   program.add_argument('--accumulate', type=int, metavar='K',
                        help='gradient accumulation inside the TPU loop: each '
                        "update is K micro-batches of the program's "

@@ -21,8 +21,6 @@ from estimator_bf16.apps.tpu_submit import validation
 from estimator_bf16.platform.tpu import MiB
 from estimator_bf16.precision import policy
 
-# What --program runs in without --precision: the point of the package.
-DEFAULT_PRECISION = 'bfloat16'
 # The folder travels with every run; data belongs in Cloud Storage.
 MAX_FOLDER_BYTES = 50 * MiB
 _NO_TPU_ARGS = ('--use_tpu=false', '--use_tpu=False', '--use_tpu=0',
@@ -108,7 +106,7 @@ def plan(args):
             'its own flags after --.' % flag)
     return None
   try:
-    precision = policy.parse_precision(args.precision or DEFAULT_PRECISION)
+    precision = policy.parse_precision(args.precision or policy.DEFAULT_PRECISION)
   except ValueError as e:
     raise validation.UsageError('--%s' % e)
   if accumulate is not None and accumulate < 1:
