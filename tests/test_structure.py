@@ -126,21 +126,20 @@ def op_types_spelled(paths, root):
 def _package_paths():
   """The package's .py files but op_lists.py, the one home of op types."""
   home = os.path.join(_PACKAGE, 'precision', 'op_lists.py')
-  for root, dirs, files in os.walk(_PACKAGE):
-    dirs[:] = sorted(d for d in dirs if d != '__pycache__')
-    for name in sorted(files):
-      path = os.path.join(root, name)
-      if name.endswith('.py') and path != home:
-        yield path
+  return sorted(path for path in _modules().values() if path != home)
+
+
+def _layout_section(readme):
+  """The README's "Repository layout" section."""
+  section = readme[readme.index('## Repository layout'):]
+  return section[:section.index('\n## ', 1)]
 
 
 def _layer_order(readme):
   """Top-level folders of the package in the README layout table's order."""
-  section = readme[readme.index('## Repository layout'):]
-  section = section[:section.index('\n## ', 1)]
   order = []
-  for folder in re.findall(r'^\| `estimator_bf16/(\w+)/[\w/]*` \|', section,
-                           re.M):
+  for folder in re.findall(r'^\| `estimator_bf16/(\w+)/[\w/]*` \|',
+                           _layout_section(readme), re.M):
     if folder not in order:
       order.append(folder)
   return order
@@ -317,12 +316,6 @@ class LayoutTest(tf.test.TestCase):
         'estimator_bf16/levers/recompute.py is not named in its row'])
 
 
-def _layout_section(readme):
-  """The README's "Repository layout" section."""
-  section = readme[readme.index('## Repository layout'):]
-  return section[:section.index('\n## ', 1)]
-
-
 def layout_problems(section, package_dir):
   """What breaks "the layout table names every folder and module", as strings.
 
@@ -412,7 +405,8 @@ class OneNamePerModuleTest(tf.test.TestCase):
     # `fit` everywhere: a reader learns one name per module. The public
     # API's __init__ may bind a module privately (`_quiet`).
     names = collections.defaultdict(set)
-    for dotted, path in sorted(_modules().items()):
+    modules = _modules()
+    for dotted, path in sorted(modules.items()):
       with open(path) as f:
         tree = ast.parse(f.read())
       for node in ast.walk(tree):
@@ -426,7 +420,7 @@ class OneNamePerModuleTest(tf.test.TestCase):
         else:
           continue
         for imported, name in pairs:
-          if imported in _modules() and not (
+          if imported in modules and not (
               dotted == 'estimator_bf16' and name.startswith('_')):
             names[imported].add(name)
     self.assertEqual({module: sorted(bound) for module, bound in names.items()

@@ -728,8 +728,8 @@ class FitPrecisionsTest(tf.test.TestCase, parameterized.TestCase):
     from estimator_bf16.runner import program as runner  # pylint: disable=g-import-not-at-top
     planned = []
 
-    def stop_planning(plan_fn=None, **kwargs):
-      del kwargs
+    def check_program(program, program_args, plan_fn=None, **kwargs):
+      del program, program_args, kwargs
       planned.append(plan_fn.keywords['precisions'])
       raise KeyboardInterrupt()
 
@@ -737,10 +737,6 @@ class FitPrecisionsTest(tf.test.TestCase, parameterized.TestCase):
       del args, budget, exclude
       planned.append(precisions)
       return 0
-
-    def check_program(program, program_args, **kwargs):
-      del program, program_args
-      return stop_planning(**kwargs)
 
     with mock.patch.object(runner, 'run_program', check_program), \
         mock.patch.object(cli, '_run_fit', run_fit), \
