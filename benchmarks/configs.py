@@ -316,8 +316,8 @@ BERT_MINI_BATCH32 = ModelSpec('bert_mini_seq128', 'bert', batch_size=32,
                               budget_mib=2048)
 
 
-# Not in either mode either: the model_fn of tensorflow/tpu's mnist_tpu.py
-# at its default batch (1024) and optimizer (plain SGD), for
+# Not in either mode, like BERT-mini: the model_fn of tensorflow/tpu's
+# mnist_tpu.py at its default batch (1024) and optimizer (plain SGD), for
 # benchmarks.head_to_head and benchmarks.profile.
 MNIST_TPU_BATCH1024 = ModelSpec('mnist_tpu_1024', 'mnist_tpu_style',
                                 batch_size=1024, optimizer='sgd',

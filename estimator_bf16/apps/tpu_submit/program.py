@@ -106,7 +106,8 @@ def plan(args):
             'its own flags after --.' % flag)
     return None
   try:
-    precision = policy.parse_precision(args.precision or policy.DEFAULT_PRECISION)
+    precision = policy.parse_precision(
+        args.precision or policy.DEFAULT_PRECISION)
   except ValueError as e:
     raise validation.UsageError('--%s' % e)
   if accumulate is not None and accumulate < 1:
