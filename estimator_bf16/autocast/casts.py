@@ -11,10 +11,10 @@ arguments of fixed float type, and type groups that mix the two.
 import tensorflow as tf
 
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.precision import rounding
-from estimator_bf16.autocast import slots as slots_lib
+from estimator_bf16.autocast import op_inputs
 from estimator_bf16.autocast import state
 from estimator_bf16.precision import op_lists
+from estimator_bf16.precision import rounding
 
 # The dtypes between which autocast casts.
 FLOATS = frozenset([tf.bfloat16, tf.float32])
@@ -83,20 +83,20 @@ def _rearranged_bfloat16_source(value, depth=4):
 
 def cast_half_inputs(op_def, keywords, dtype):
   """Casts every bfloat16/float16 type-attr input to `dtype` (float32)."""
-  for group in slots_lib.slots(op_def, keywords).values():
+  for group in op_inputs.typed_slots(op_def, keywords).values():
     for slot in group:
-      value = slots_lib.get(keywords, slot)
-      if slots_lib.dtype_of(value) in rounding.HALF_DTYPES:
-        slots_lib.put(keywords, slot, cast(value, dtype))
+      value = op_inputs.get(keywords, slot)
+      if op_inputs.dtype_of(value) in rounding.HALF_DTYPES:
+        op_inputs.put(keywords, slot, cast(value, dtype))
 
 
 def cast_float32_inputs(op_def, keywords):
   """Casts every float32 type-attr input to bfloat16."""
-  for group in slots_lib.slots(op_def, keywords).values():
+  for group in op_inputs.typed_slots(op_def, keywords).values():
     for slot in group:
-      value = slots_lib.get(keywords, slot)
-      if slots_lib.dtype_of(value) == tf.float32:
-        slots_lib.put(keywords, slot, cast(value, tf.bfloat16))
+      value = op_inputs.get(keywords, slot)
+      if op_inputs.dtype_of(value) == tf.float32:
+        op_inputs.put(keywords, slot, cast(value, tf.bfloat16))
 
 
 def cast_fixed_type_args(op_def, keywords):
@@ -112,34 +112,34 @@ def cast_fixed_type_args(op_def, keywords):
     if not fixed.is_floating or arg.is_ref:
       continue
     value = keywords[arg.name]
-    have = slots_lib.dtype_of(value)
+    have = op_inputs.dtype_of(value)
     if have in rounding.HALF_DTYPES and have != fixed:
       keywords[arg.name] = cast(value, fixed)
 
 
 def unify_mixed_inputs(op_def, keywords):
   """Gives each type group that mixes float32 and bfloat16 one dtype."""
-  for group in slots_lib.slots(op_def, keywords).values():
-    values = [(slot, slots_lib.get(keywords, slot)) for slot in group]
-    dtypes = {slots_lib.dtype_of(v) for _, v in values} - {None}
+  for group in op_inputs.typed_slots(op_def, keywords).values():
+    values = [(slot, op_inputs.get(keywords, slot)) for slot in group]
+    dtypes = {op_inputs.dtype_of(v) for _, v in values} - {None}
     if tf.bfloat16 not in dtypes or not dtypes <= FLOATS:
       continue
     if any(arg.is_ref for arg, _ in group):
       target = _ref_dtype(keywords, group)
     elif tf.float32 in dtypes:
       target = _mixed_target(values)
-    elif any(slots_lib.is_number(v) for _, v in values):
+    elif any(op_inputs.is_number(v) for _, v in values):
       target = tf.bfloat16  # A number first would otherwise fix float32.
     else:
       continue
     for slot, value in values:
-      have = slots_lib.dtype_of(value)
+      have = op_inputs.dtype_of(value)
       if have is not None:
         if have != target:
-          slots_lib.put(keywords, slot, cast(value, target))
-      elif slots_lib.is_number(value):
+          op_inputs.put(keywords, slot, cast(value, target))
+      elif op_inputs.is_number(value):
         try:
-          slots_lib.put(keywords, slot,
+          op_inputs.put(keywords, slot,
                         tf.convert_to_tensor(value, dtype=target))
         except (TypeError, ValueError):
           pass  # Left for TensorFlow to convert, or to reject, as usual.
@@ -150,7 +150,7 @@ def _ref_dtype(keywords, group):
   for slot in group:
     arg, _ = slot
     if arg.is_ref:
-      return slots_lib.dtype_of(slots_lib.get(keywords, slot))
+      return op_inputs.dtype_of(op_inputs.get(keywords, slot))
   return tf.float32
 
 
@@ -164,7 +164,7 @@ def _mixed_target(values):
   float32 originals), so the loss carries no bfloat16 rounding.
   """
   for _, value in values:
-    if (slots_lib.dtype_of(value) == tf.bfloat16 and
+    if (op_inputs.dtype_of(value) == tf.bfloat16 and
         rounding.float32_original(value) is None and
         not (isinstance(value, tf.Tensor) and
              value.op.type == op_lists.OP.Const)):

@@ -30,12 +30,12 @@ from tensorflow.python.framework import ops as tf_ops
 from estimator_bf16.autocast import casts
 from estimator_bf16.autocast import gradients as autocast_gradients
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.precision import op_lists
-from estimator_bf16.precision import rounding
-from estimator_bf16.autocast import slots as slots_lib
+from estimator_bf16.autocast import op_inputs
 from estimator_bf16.autocast import state
 from estimator_bf16.platform import cpu_bfloat16
 from estimator_bf16.platform import xla_context
+from estimator_bf16.precision import op_lists
+from estimator_bf16.precision import rounding
 
 # What `kernels` accepts: 'auto' substitutes the slow kernels of this CPU
 # kind, 'bfloat16' runs TensorFlow's own bfloat16 kernels everywhere.
@@ -113,8 +113,8 @@ def substitutes(op_type):
 
 def _half_type_attrs(op_def, keywords):
   """The type attributes that bfloat16 inputs of the op set."""
-  return {attr for attr, group in slots_lib.slots(op_def, keywords).items()
-          if any(slots_lib.dtype_of(slots_lib.get(keywords, slot)) ==
+  return {attr for attr, group in op_inputs.typed_slots(op_def, keywords).items()
+          if any(op_inputs.dtype_of(op_inputs.get(keywords, slot)) ==
                  tf.bfloat16 for slot in group)}
 
 
@@ -199,11 +199,11 @@ def build_substituted(op_def, op_type, name, keywords):
   half_attrs = _half_type_attrs(op_def, keywords)
   input_ops = _input_ops(keywords)
   for attr in half_attrs:
-    for slot in slots_lib.slots(op_def, keywords)[attr]:
-      value = slots_lib.get(keywords, slot)
-      if slots_lib.dtype_of(value) == tf.bfloat16:
+    for slot in op_inputs.typed_slots(op_def, keywords)[attr]:
+      value = op_inputs.get(keywords, slot)
+      if op_inputs.dtype_of(value) == tf.bfloat16:
         others = [op for op in input_ops if op is not value.op]
-        slots_lib.put(keywords, slot, _float32_input(value, others))
+        op_inputs.put(keywords, slot, _float32_input(value, others))
   structure, stateful, op, outputs = state.original_apply_op(
       op_type, name=name, **keywords)
   _mark(op, kind)

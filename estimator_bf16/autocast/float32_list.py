@@ -15,10 +15,10 @@ from tensorflow.python.eager import execute
 from estimator_bf16.autocast import casts
 from estimator_bf16.autocast import gradients as autocast_gradients
 from estimator_bf16.autocast import graph_queries
+from estimator_bf16.autocast import op_inputs
+from estimator_bf16.autocast import state
 from estimator_bf16.precision import op_lists
 from estimator_bf16.precision import rounding
-from estimator_bf16.autocast import slots as slots_lib
-from estimator_bf16.autocast import state
 
 # Ops between a float32-list op and the cast that rounds its result in
 # TensorFlow's own loss code: rearrangements and the final division of a mean.
@@ -112,8 +112,8 @@ def float32_keep_dtype(op_def, op_type, name, keywords):
     `_apply_op_helper`'s 4-tuple; its outputs are 16-bit roundings of the
     float32 results (remembered as such) when an input was 16-bit.
   """
-  dtypes = [slots_lib.dtype_of(slots_lib.get(keywords, slot))
-            for group in slots_lib.slots(op_def, keywords).values()
+  dtypes = [op_inputs.dtype_of(op_inputs.get(keywords, slot))
+            for group in op_inputs.typed_slots(op_def, keywords).values()
             for slot in group]
   half = next((d for d in dtypes if d in rounding.HALF_DTYPES), None)
   if half is None:
@@ -198,10 +198,10 @@ def float32_twin(op_def, op_type, keywords, result):
     return
   twin = dict(keywords)
   rounded = False
-  for group in slots_lib.slots(op_def, twin).values():
+  for group in op_inputs.typed_slots(op_def, twin).values():
     for slot in group:
-      value = slots_lib.get(twin, slot)
-      dtype = slots_lib.dtype_of(value)
+      value = op_inputs.get(twin, slot)
+      dtype = op_inputs.dtype_of(value)
       if dtype == tf.bfloat16:
         original = rounding.float32_original(value)
         if original is None and value.op.type != op_lists.OP.Const:
@@ -209,11 +209,11 @@ def float32_twin(op_def, op_type, keywords, result):
         rounded = rounded or original is not None
         value = original if original is not None else tf.cast(value,
                                                               tf.float32)
-      elif slots_lib.is_number(value):
+      elif op_inputs.is_number(value):
         value = tf.constant(value, tf.float32)
       elif dtype != tf.float32:
         return
-      slots_lib.put(twin, slot, value)
+      op_inputs.put(twin, slot, value)
   if not rounded:
     return
   twin_result = state.original_apply_op(op_type, name=result[2].name.split(

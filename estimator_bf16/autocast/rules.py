@@ -16,12 +16,12 @@ from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.autocast import float32_list
 from estimator_bf16.autocast import gelu_gradient
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.precision import op_lists
-from estimator_bf16.autocast import slots as slots_lib
+from estimator_bf16.autocast import op_inputs
 from estimator_bf16.autocast import state
 from estimator_bf16.autocast import uniform_draws
 from estimator_bf16.autocast import weights
 from estimator_bf16.autocast import zero_select
+from estimator_bf16.precision import op_lists
 
 
 def apply_op_with_autocast(op_type_name, name=None, **keywords):
@@ -50,7 +50,7 @@ def convert_with_autocast(value, dtype=None, name=None, as_ref=False,
   """
   if (dtype is not None and not as_ref and not state.STATE.busy and
       state.STATE.mode() is not None):
-    have = slots_lib.dtype_of(value)
+    have = op_inputs.dtype_of(value)
     want = tf.as_dtype(dtype).base_dtype
     if have in casts.FLOATS and want in casts.FLOATS and have != want:
       state.STATE.busy = True

@@ -10,9 +10,9 @@ dropout's `uniform >= rate` keeps exactly 1 - rate.
 import tensorflow as tf
 
 from estimator_bf16.autocast import casts
-from estimator_bf16.precision import rounding
-from estimator_bf16.autocast import slots as slots_lib
+from estimator_bf16.autocast import op_inputs
 from estimator_bf16.autocast import state
+from estimator_bf16.precision import rounding
 
 
 def float32_random(op_type, name, keywords):
@@ -54,13 +54,13 @@ def compare_float32_originals(op_def, keywords):
     op_def: the comparison's `OpDef` proto.
     keywords: its keyword arguments, changed in place.
   """
-  for group in slots_lib.slots(op_def, keywords).values():
-    values = [(slot, slots_lib.get(keywords, slot)) for slot in group]
+  for group in op_inputs.typed_slots(op_def, keywords).values():
+    values = [(slot, op_inputs.get(keywords, slot)) for slot in group]
     originals = [rounding.float32_original(value) for _, value in values]
     if all(original is None for original in originals):
       continue
     for (slot, value), original in zip(values, originals):
       if original is not None:
-        slots_lib.put(keywords, slot, original)
-      elif slots_lib.dtype_of(value) in rounding.HALF_DTYPES:
-        slots_lib.put(keywords, slot, casts.cast(value, tf.float32))
+        op_inputs.put(keywords, slot, original)
+      elif op_inputs.dtype_of(value) in rounding.HALF_DTYPES:
+        op_inputs.put(keywords, slot, casts.cast(value, tf.float32))

@@ -12,9 +12,9 @@ from tensorflow.python.framework import op_def_registry
 
 from estimator_bf16.autocast import gradients as autocast_gradients
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.precision import op_lists
-from estimator_bf16.autocast import slots as slots_lib
+from estimator_bf16.autocast import op_inputs
 from estimator_bf16.autocast import state
+from estimator_bf16.precision import op_lists
 
 # Fewest rows of activations a weight element must meet for the weight
 # recast (see autocast_gradients). The recast passes over the weights once
@@ -44,10 +44,10 @@ def wants_bfloat16(op_def, keywords):
   """
   in_gradient = getattr(tf.compat.v1.get_default_graph(),
                         '_default_original_op', None) is not None
-  for group in slots_lib.slots(op_def, keywords).values():
+  for group in op_inputs.typed_slots(op_def, keywords).values():
     for slot in group:
-      value = slots_lib.get(keywords, slot)
-      if slots_lib.dtype_of(value) == tf.bfloat16:
+      value = op_inputs.get(keywords, slot)
+      if op_inputs.dtype_of(value) == tf.bfloat16:
         return True
       if not in_gradient and _reads_trainable_variable(value):
         return True

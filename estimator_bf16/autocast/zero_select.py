@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from estimator_bf16.autocast import gradients as autocast_gradients
 from estimator_bf16.autocast import graph_queries
-from estimator_bf16.autocast import slots as slots_lib
+from estimator_bf16.autocast import op_inputs
 from estimator_bf16.autocast import state
 from estimator_bf16.precision import op_lists
 
@@ -45,7 +45,7 @@ def _zero_branch(zero, value):
   Recognised without evaluating anything large: a Python or NumPy number,
   a `Const`, a `Fill` of a constant, or `ZerosLike`.
   """
-  if slots_lib.is_number(zero):
+  if op_inputs.is_number(zero):
     return _positive_zero(zero) and _fits(tf.TensorShape(np.shape(zero)),
                                           value.shape)
   if not isinstance(zero, tf.Tensor):
@@ -92,7 +92,7 @@ def zero_select_as_multiply(op_type, name, keywords):
     return None
   for value, zero, keep in ((keywords.get('t'), keywords.get('e'), True),
                             (keywords.get('e'), keywords.get('t'), False)):
-    if slots_lib.dtype_of(value) == tf.bfloat16 and _zero_branch(zero, value):
+    if op_inputs.dtype_of(value) == tf.bfloat16 and _zero_branch(zero, value):
       break
   else:
     return None

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 
-def slots(op_def, keywords):
+def typed_slots(op_def, keywords):
   """{type attr: [(arg, index or None)]} for the op's type-attr inputs.
 
   Lists (`number_attr` inputs such as AddN's or ConcatV2's) are made
