@@ -4,10 +4,10 @@ A recipe is the program's own flags for a CPU run of a few steps, tiny
 batches and one evaluation, and the data it reads: its null input where it
 has one ('none'), or a few records `scripts/corpus_data.py` writes in its
 format.
-Flags a commit's program does not define are dropped by `scripts/corpus.py`
-(it reads the DEFINE_* calls of the program and the modules it imports at
-that commit), so one recipe serves every commit where the flag names
-agree; `{model_dir}` and `{data_dir}` are filled in per run.
+Flags a commit's program does not define are dropped by the corpus runner
+(`scripts/corpus_programs.py` reads the DEFINE_* calls of the program and the
+modules it imports at that commit), so one recipe serves every commit where
+the flag names agree; `{model_dir}` and `{data_dir}` are filled in per run.
 
 A recipe with `skip` set is listed, not run: the reason says what the
 program needs that a CPU run without network cannot give it.

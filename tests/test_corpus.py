@@ -20,8 +20,12 @@ import numpy as np
 import tensorflow as tf
 
 from scripts import corpus
+from scripts import corpus_checks
 from scripts import corpus_data
+from scripts import corpus_programs
 from scripts import corpus_recipes
+from scripts import corpus_runs
+from scripts import corpus_table
 
 _TINY = '''
 from absl import app, flags
@@ -186,15 +190,16 @@ class CorpusRunTest(tf.test.TestCase):
     tpu_table = 'tensorflow/tpu table\n'
     with open(out, 'w') as f:
       f.write('# Corpus\n\n%s\n\n%s%s\n## Others\n\n%s\nold\n' % (
-          corpus.TABLE_MARK, tpu_table, corpus.END_MARK, corpus.OTHERS_MARK))
+          corpus_table.TABLE_MARK, tpu_table, corpus_table.END_MARK,
+          corpus_table.OTHERS_MARK))
     with mock.patch.dict(corpus_recipes.RECIPES, recipes, clear=True), \
         mock.patch.dict(corpus_recipes.SOURCES, sources):
       text = self._corpus(out, '--source', 'someone/tiny=%s@HEAD' % git_dir)
     # The tensorflow/tpu table stays; the new one replaces `old`.
-    self.assertIn(corpus.TABLE_MARK + '\n\n' + tpu_table + corpus.END_MARK,
-                  text)
+    self.assertIn(corpus_table.TABLE_MARK + '\n\n' + tpu_table +
+                  corpus_table.END_MARK, text)
     self.assertNotIn('old', text)
-    table = text[text.index(corpus.OTHERS_MARK):]
+    table = text[text.index(corpus_table.OTHERS_MARK):]
     self.assertIn('| repository | commit | program |', table)
     self.assertNotIn(git_dir, table)  # no machine paths
     rows = {line.split('|')[3].strip(' `'): line
@@ -222,44 +227,49 @@ class CorpusPartsTest(tf.test.TestCase):
                                'loss': [loss, 'float32'],
                                'global_step': [4, 'int64']}]}
 
-    self.assertEqual(corpus.metric_problems(reference, bf16(0.625, 2.3)), [])
+    self.assertEqual(
+        corpus_checks.metric_problems(reference, bf16(0.625, 2.3)), [])
     # A share moves by whole examples: 0.25 apart is the limit.
-    self.assertLen(corpus.metric_problems(reference, bf16(0.875, 2.0)), 1)
+    self.assertLen(
+        corpus_checks.metric_problems(reference, bf16(0.875, 2.0)), 1)
     self.assertIn('eval accuracy is bfloat16',
-                  corpus.metric_problems(reference,
-                                         bf16(0.5, 2.0, 'bfloat16'))[0])
+                  corpus_checks.metric_problems(
+                      reference, bf16(0.5, 2.0, 'bfloat16'))[0])
     self.assertIn('eval loss 4',
-                  corpus.metric_problems(reference, bf16(0.5, 4.0))[0])
-    self.assertEqual(corpus.metric_problems(reference, bf16(0.5, 4.0),
-                                            values=False), [])
-    self.assertEqual(corpus.metric_problems(reference, {}), ['no evaluation'])
+                  corpus_checks.metric_problems(reference,
+                                                bf16(0.5, 4.0))[0])
+    self.assertEqual(corpus_checks.metric_problems(
+        reference, bf16(0.5, 4.0), values=False), [])
+    self.assertEqual(corpus_checks.metric_problems(reference, {}),
+                     ['no evaluation'])
     # COCO's AP and AR are shares: near zero after a few steps, they differ
     # by little in absolute terms and a lot relative to their size.
     coco = {'evaluations': [{'AP50': [0.0004, 'float32'],
                              'ARmax10': [0.0, 'float32']}]}
     coco_bf16 = {'evaluations': [{'AP50': [0.025, 'float32'],
                                   'ARmax10': [0.02, 'float32']}]}
-    self.assertEqual(corpus.metric_problems(coco, coco_bf16), [])
+    self.assertEqual(corpus_checks.metric_problems(coco, coco_bf16), [])
     # A diverged run is never close.
-    self.assertIn('eval loss nan', corpus.metric_problems(
+    self.assertIn('eval loss nan', corpus_checks.metric_problems(
         reference, bf16(0.5, float('nan')))[0])
     # A row's values come from the float32 checkpoint evaluated in
     # bfloat16 when there is one; names and dtypes from the fresh run.
-    row = corpus.Row('c', 'p', '2.15.1',
-                     float32=corpus.Outcome(0, 1, '', reference),
-                     bfloat16=corpus.Outcome(0, 1, '', bf16(0.9, 40.0)),
-                     same_weights=corpus.Outcome(0, 1, '', bf16(0.5, 2.1)))
-    self.assertEqual(corpus.row_metric_problems(row), [])
-    row.same_weights = corpus.Outcome(0, 1, '', bf16(0.5, 9.0))
-    self.assertIn('eval loss 9', corpus.row_metric_problems(row)[0])
+    row = corpus_checks.Row(
+        'c', 'p', '2.15.1',
+        float32=corpus_checks.Outcome(0, 1, '', reference),
+        bfloat16=corpus_checks.Outcome(0, 1, '', bf16(0.9, 40.0)),
+        same_weights=corpus_checks.Outcome(0, 1, '', bf16(0.5, 2.1)))
+    self.assertEqual(corpus_checks.row_metric_problems(row), [])
+    row.same_weights = corpus_checks.Outcome(0, 1, '', bf16(0.5, 9.0))
+    self.assertIn('eval loss 9', corpus_checks.row_metric_problems(row)[0])
     # A program that trained on from the checkpoint evaluated other
     # weights: the fresh runs are compared instead.
     trained_on = bf16(0.5, 9.0)
     trained_on['evaluations'][-1]['global_step'] = [8, 'int64']
     trained_on['train_steps'] = [4]
-    row.same_weights = corpus.Outcome(0, 1, '', trained_on)
-    row.bfloat16 = corpus.Outcome(0, 1, '', bf16(0.5, 2.2))
-    self.assertEqual(corpus.row_metric_problems(row), [])
+    row.same_weights = corpus_checks.Outcome(0, 1, '', trained_on)
+    row.bfloat16 = corpus_checks.Outcome(0, 1, '', bf16(0.5, 2.2))
+    self.assertEqual(corpus_checks.row_metric_problems(row), [])
 
   def test_a_programs_flags_come_from_what_it_imports(self):
     root = self.create_tempdir().full_path
@@ -279,15 +289,17 @@ class CorpusPartsTest(tf.test.TestCase):
       with open(os.path.join(root, path), 'w') as f:
         f.write(text)
     self.assertEqual(
-        corpus.program_flags(os.path.join(root, 'models/a/main.py'),
-                             [os.path.join(root, 'models')]),
+        corpus_programs.program_flags(
+            os.path.join(root, 'models/a/main.py'),
+            [os.path.join(root, 'models')]),
         {'steps', 'data_dir', 'use_tpu', 'data-dir'})
 
   def test_rows_come_back_from_their_json(self):
-    row = corpus.Row('abcd1234', 'models/a/main.py', '2.15.1',
-                     float32=corpus.Outcome(0, 3.5, '', {'evaluations': []}),
-                     plan='OK')
-    again = corpus._row_from_dict(  # pylint: disable=protected-access
+    row = corpus_checks.Row(
+        'abcd1234', 'models/a/main.py', '2.15.1',
+        float32=corpus_checks.Outcome(0, 3.5, '', {'evaluations': []}),
+        plan='OK')
+    again = corpus_checks.row_from_dict(
         json.loads(json.dumps(dataclasses.asdict(row))))
     self.assertEqual(again, row)
     self.assertTrue(again.float32.ok)
@@ -295,20 +307,23 @@ class CorpusPartsTest(tf.test.TestCase):
   def test_the_table_goes_below_the_mark(self):
     path = os.path.join(self.create_tempdir().full_path, 'corpus.md')
     with open(path, 'w') as f:
-      f.write('# Title\n\nText.\n\n' + corpus.TABLE_MARK + '\nold table\n')
-    corpus.write_table(path, 'new table\n')
+      f.write('# Title\n\nText.\n\n' + corpus_table.TABLE_MARK +
+              '\nold table\n')
+    corpus_table.write_table(path, 'new table\n')
     with open(path) as f:
-      self.assertEqual(f.read(), '# Title\n\nText.\n\n' + corpus.TABLE_MARK +
-                       '\n\nnew table\n')
+      self.assertEqual(f.read(), '# Title\n\nText.\n\n' +
+                       corpus_table.TABLE_MARK + '\n\nnew table\n')
     # A table ends at the next mark: what follows it stays.
     with open(path, 'a') as f:
-      f.write(corpus.END_MARK + '\nMore.\n' + corpus.OTHERS_MARK + '\nx\n')
-    corpus.write_table(path, 'newer\n')
-    corpus.write_table(path, 'others\n', corpus.OTHERS_MARK)
+      f.write(corpus_table.END_MARK + '\nMore.\n' + corpus_table.OTHERS_MARK +
+              '\nx\n')
+    corpus_table.write_table(path, 'newer\n')
+    corpus_table.write_table(path, 'others\n', corpus_table.OTHERS_MARK)
     with open(path) as f:
-      self.assertEqual(f.read(), '# Title\n\nText.\n\n' + corpus.TABLE_MARK +
-                       '\n\nnewer\n\n' + corpus.END_MARK + '\nMore.\n' +
-                       corpus.OTHERS_MARK + '\n\nothers\n')
+      self.assertEqual(f.read(), '# Title\n\nText.\n\n' +
+                       corpus_table.TABLE_MARK + '\n\nnewer\n\n' +
+                       corpus_table.END_MARK + '\nMore.\n' +
+                       corpus_table.OTHERS_MARK + '\n\nothers\n')
 
   def test_the_coco_records_and_json_agree(self):
     folder = self.create_tempdir().full_path
@@ -387,16 +402,16 @@ class CorpusPartsTest(tf.test.TestCase):
     self.assertIn('info', coco)  # pycocotools' loadRes copies it
 
   def test_the_reason_is_the_line_that_says_why(self):
-    self.assertEqual(corpus._reason(  # pylint: disable=protected-access
+    self.assertEqual(corpus_runs._reason(  # pylint: disable=protected-access
         'Traceback ...\nValueError: bad\n\nestimator_bf16 run: p.py\n'
         'failed: ValueError: bad (at p.py:3)\nexit code: 1\n'),
                      'ValueError: bad (at p.py:3)')
-    self.assertEqual(corpus._reason(  # pylint: disable=protected-access
+    self.assertEqual(corpus_runs._reason(  # pylint: disable=protected-access
         "FATAL Flags parsing error: Unknown command line flag 'x'\n"
         'estimator_bf16: warning: --precision went to the program\n'),
                      "FATAL Flags parsing error: Unknown command line flag 'x'")
     # An installed library's file is named from the library on.
-    self.assertEqual(corpus._reason(  # pylint: disable=protected-access
+    self.assertEqual(corpus_runs._reason(  # pylint: disable=protected-access
         "failed: ImportError: cannot import name 'profiler' (/v/lib/"
         'python3.11/site-packages/tensorflow/python/eager/__init__.py) (at '
         './main.py:37)\n'),
