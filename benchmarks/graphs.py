@@ -309,8 +309,10 @@ def build_train_step(spec, precision, batch_size, *, optimizer=None,
     input_fn = synthetic_input_fn(spec)
     if wrap_model:
       fn = eb.wrap_model_fn(
-          fn, precision, gradient_accumulation_steps=gradient_accumulation_steps,
-          recompute=recompute)
+          fn, precision,
+          eb.WrapOptions(
+              gradient_accumulation_steps=gradient_accumulation_steps,
+              recompute=recompute))
     if wrap_input:
       input_fn = eb.wrap_input_fn(input_fn, precision)
     micro_batch = accumulation.micro_batch_size(batch_size,

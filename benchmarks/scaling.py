@@ -49,7 +49,7 @@ def _replica_step(model_fn, batch, seed):
 
 def _session(devices, precision, batch):
   """A session and its train op on `devices` logical CPU devices."""
-  model_fn = eb.wrap_model_fn(_model_fn, precision, audit='off')
+  model_fn = eb.wrap_model_fn(_model_fn, precision, eb.WrapOptions(audit='off'))
   graph = tf.Graph()
   with graph.as_default():
     tf.compat.v1.set_random_seed(0)

@@ -26,6 +26,8 @@ from estimator_bf16.autocast.contexts import float32_ops
 from estimator_bf16.autocast.contexts import keep_float32
 from estimator_bf16.distribute.strategies import make_strategy
 from estimator_bf16.estimator.make import make_tpu_estimator
+from estimator_bf16.estimator.options import EstimatorOptions
+from estimator_bf16.estimator.options import WrapOptions
 from estimator_bf16.platform.tpu import TPU_CORE_BYTES
 from estimator_bf16.estimator.wrappers import build_network
 from estimator_bf16.estimator.wrappers import wrap_input_fn
@@ -55,6 +57,7 @@ __version__ = '0.1.0'
 __all__ = [
     'AdafactorOptimizer',
     'BACKEND',
+    'EstimatorOptions',
     'GraphReport',
     'MIN_BFLOAT16_SHARE',
     'MemoryPlan',
@@ -62,6 +65,7 @@ __all__ = [
     'PRECISIONS',
     'PrecisionError',
     'TPU_CORE_BYTES',
+    'WrapOptions',
     'autocast',
     'bfloat16_scope',
     'build_network',

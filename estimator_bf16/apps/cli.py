@@ -22,6 +22,7 @@ import sys
 import textwrap
 
 from estimator_bf16.autocast import cpu_kernels
+from estimator_bf16.estimator import options as options_lib
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.platform import backend as backend_lib
@@ -98,10 +99,11 @@ def build_parser():
                          help='bfloat16 (default) or float32 (runs the '
                          'program unchanged, for a parity run); with '
                          '--fit, only that precision is planned')
-    command.add_argument('--audit', default='strict',
+    command.add_argument('--audit', default=options_lib.WRAP_DEFAULTS.audit,
                          help='strict (default: a precision mistake in the '
                          'TRAIN graph stops the program), warn, or off')
-    command.add_argument('--exclude', default='',
+    command.add_argument('--exclude',
+                         default=','.join(options_lib.WRAP_DEFAULTS.exclude),
                          help='comma-separated feature keys never cast')
     command.add_argument('--tf1', action=argparse.BooleanOptionalAction,
                          default=None,
@@ -116,17 +118,19 @@ def build_parser():
     # Read before TensorFlow loads (estimator_bf16.platform.quiet).
     command.add_argument('--verbose', action='store_true',
                          help=quiet.VERBOSE_HELP)
-    command.add_argument('--accumulate', type=int, default=1, metavar='K',
-                         help='gradient accumulation: each update applies '
-                         'the mean gradient of K micro-batches of '
-                         'train_batch_size / K (default 1: off)')
+    command.add_argument(
+        '--accumulate', type=int, metavar='K',
+        default=options_lib.WRAP_DEFAULTS.gradient_accumulation_steps,
+        help='gradient accumulation: each update applies the mean gradient '
+        'of K micro-batches of train_batch_size / K (default 1: off)')
     command.add_argument('--recompute', action='store_true',
+                         default=options_lib.WRAP_DEFAULTS.recompute,
                          help='recompute activations during backprop instead '
                          'of keeping them: a lower peak for about one more '
                          'forward pass')
     command.add_argument(
         '--kernels', choices=cpu_kernels.KERNEL_CHOICES,
-        default=cpu_kernels.KERNEL_CHOICES[0],
+        default=options_lib.WRAP_DEFAULTS.kernels,
         help="'auto' (default): ops whose bfloat16 kernel is slow on this "
         'CPU compute in float32 from bfloat16 inputs, rounded to bfloat16 '
         "(never on a TPU); 'bfloat16': TensorFlow's own bfloat16 kernels")
@@ -278,7 +282,14 @@ def main(argv=None):
   if not os.path.isfile(args.program):
     return _error('%s: no such file (give the Python program to run).' %
                   args.program)
-  exclude = tuple(key for key in args.exclude.split(',') if key)
+  try:
+    options = options_lib.WrapOptions(
+        audit=args.audit,
+        exclude=tuple(key for key in args.exclude.split(',') if key),
+        gradient_accumulation_steps=args.accumulate,
+        recompute=args.recompute, kernels=args.kernels)
+  except ValueError as e:
+    return _error(str(e))
   # One line before the program starts: bfloat16 is emulated on this CPU,
   # and what the run does about it (nothing on a native CPU).
   if args.precision.bfloat16:
@@ -288,7 +299,7 @@ def main(argv=None):
   # A --precision given wins over the fit: only its rows are planned.
   precisions = ((args.precision,) if precision_given else policy.PRECISIONS)
   if budget is not None and not check:
-    return _run_fit(args, budget, precisions, exclude)
+    return _run_fit(args, budget, precisions, options)
   plan_fn = _plan_fn(args, budget, precisions, check)
   xla_fn = None
   if getattr(args, 'xla', False):
@@ -296,12 +307,9 @@ def main(argv=None):
   try:
     result = runner.run_program(
         args.program, args.program_args, precision=args.precision,
-        audit=args.audit, exclude=exclude,
-        memory=getattr(args, 'memory', False), check=check,
-        tf1=args.tf1, tf1_paths=tuple(args.tf1_path),
-        gradient_accumulation_steps=args.accumulate,
-        recompute=args.recompute, kernels=args.kernels,
-        plan_fn=plan_fn, xla_fn=xla_fn, seed=getattr(args, 'seed', None),
+        options=options, memory=getattr(args, 'memory', False), check=check,
+        tf1=args.tf1, tf1_paths=tuple(args.tf1_path), plan_fn=plan_fn,
+        xla_fn=xla_fn, seed=getattr(args, 'seed', None),
         verbose=args.verbose)
   except runner.ProgramError as e:
     return _error(str(e))
@@ -389,7 +397,7 @@ def _explain_misplaced(args, result):
           file=sys.stderr)
 
 
-def _run_fit(args, budget, precisions, exclude):
+def _run_fit(args, budget, precisions, options):
   """`run --fit`: plan, print the table, train with the choice, report."""
 
   def announce(planning):
@@ -401,9 +409,8 @@ def _run_fit(args, budget, precisions, exclude):
   try:
     planning, result = fit_run.run_with_fit(
         args.program, args.program_args, budget_bytes=budget,
-        precisions=precisions, audit=args.audit, exclude=exclude,
-        tf1=args.tf1, tf1_paths=tuple(args.tf1_path), on_choice=announce,
-        kernels=args.kernels, seed=args.seed)
+        precisions=precisions, options=options, tf1=args.tf1,
+        tf1_paths=tuple(args.tf1_path), on_choice=announce, seed=args.seed)
   except runner.ProgramError as e:
     return _error(str(e))
   except KeyboardInterrupt:

@@ -16,11 +16,12 @@ import tensorflow as tf
 from estimator_bf16.apps import registry
 from estimator_bf16.distribute import cluster as cluster_lib
 from estimator_bf16.distribute import strategies
-from estimator_bf16.platform import tpu as tpu_facts
+from estimator_bf16.estimator import options as options_lib
 from estimator_bf16.levers import accumulation
 from estimator_bf16.models import bert
 from estimator_bf16.models import resnet
 from estimator_bf16.optimizers import registry as optimizers
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.precision import policy
 
 _MAX_SEQ_LENGTH = 512  # BERT's position table
@@ -54,13 +55,14 @@ class TrainOptions:
   train_batch_size: Optional[int] = None  # global: all cores together
   eval_batch_size: Optional[int] = None
   save_checkpoints_steps: Optional[int] = None
-  keep_checkpoint_max: int = 5
+  keep_checkpoint_max: int = options_lib.ESTIMATOR_DEFAULTS.keep_checkpoint_max
   # TPU.
   use_tpu: bool = False
   tpu: Optional[str] = None
   tpu_zone: Optional[str] = None
   gcp_project: Optional[str] = None
-  iterations_per_loop: int = 100
+  iterations_per_loop: int = (
+      options_lib.ESTIMATOR_DEFAULTS.iterations_per_loop)
   num_shards: Optional[int] = None  # None: 8 on a TPU
   # Optimizer.
   optimizer: Optional[str] = None
@@ -87,8 +89,9 @@ class TrainOptions:
   cpu_devices: Optional[int] = None  # mirrored on N logical CPU devices
   worker_timeout_secs: float = strategies.DEFAULT_TIMEOUT_SECONDS
   # Memory levers.
-  accumulate: int = 1  # micro-batches per update (gradient accumulation)
-  recompute: bool = False  # recompute activations in backprop
+  # micro-batches per update (gradient accumulation)
+  accumulate: int = options_lib.WRAP_DEFAULTS.gradient_accumulation_steps
+  recompute: bool = options_lib.WRAP_DEFAULTS.recompute  # in backprop
 
 
 def _check(condition, flag, message, *args):

@@ -241,20 +241,20 @@ def _make_estimator(options, model, strategy, steps_per_run):
   """The wrapped TPUEstimator of a training run (chief or worker)."""
   return eb.make_tpu_estimator(
       model.model_fn, model_dir=options.model_dir,
-      numeric_guard=options.numeric_guard,
       precision=options.precision, use_tpu=options.use_tpu, tpu=options.tpu,
-      tpu_zone=options.tpu_zone, gcp_project=options.gcp_project,
       train_batch_size=options.train_batch_size,
       eval_batch_size=options.eval_batch_size,
-      predict_batch_size=options.eval_batch_size,
-      iterations_per_loop=steps_per_run,
-      num_shards=options.num_shards,
-      save_checkpoints_steps=options.save_checkpoints_steps,
-      keep_checkpoint_max=options.keep_checkpoint_max,
-      log_step_count_steps=options.log_every_steps,
-      tf_random_seed=options.seed, distribute=strategy,
-      gradient_accumulation_steps=options.accumulate,
-      recompute=options.recompute)
+      predict_batch_size=options.eval_batch_size, distribute=strategy,
+      options=eb.WrapOptions(gradient_accumulation_steps=options.accumulate,
+                             recompute=options.recompute),
+      estimator_options=eb.EstimatorOptions(
+          iterations_per_loop=steps_per_run, num_shards=options.num_shards,
+          tpu_zone=options.tpu_zone, gcp_project=options.gcp_project,
+          save_checkpoints_steps=options.save_checkpoints_steps,
+          keep_checkpoint_max=options.keep_checkpoint_max,
+          log_step_count_steps=options.log_every_steps,
+          tf_random_seed=options.seed,
+          numeric_guard=options.numeric_guard))
 
 
 def _train(estimator, options, model, strategy, steps_per_run, hooks):
@@ -336,11 +336,13 @@ def _evaluate_checkpoints(options, model):
       arrived within `_EVALUATOR_WAIT_SECS` of the previous one.
   """
   estimator = eb.make_tpu_estimator(
-      model.model_fn, model_dir=options.model_dir, audit='off',
+      model.model_fn, model_dir=options.model_dir,
       precision=options.precision, train_batch_size=options.train_batch_size,
       eval_batch_size=options.eval_batch_size,
-      log_step_count_steps=options.log_every_steps,
-      tf_random_seed=options.seed)
+      options=eb.WrapOptions(audit='off'),
+      estimator_options=eb.EstimatorOptions(
+          log_step_count_steps=options.log_every_steps,
+          tf_random_seed=options.seed))
   result = _result(options, evaluated_steps=[])
   for path in tf.train.checkpoints_iterator(
       options.model_dir, min_interval_secs=1,

@@ -7,27 +7,28 @@ import tensorflow as tf
 
 from estimator_bf16.autocast import contexts as autocast_lib
 from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.precision import rounding
 from estimator_bf16.compat import calling
+from estimator_bf16.estimator import options as options_lib
 from estimator_bf16.levers import apply
 from estimator_bf16.platform import slim_repair
-from estimator_bf16.safety import audit as audit_lib
 from estimator_bf16.precision import casting
 from estimator_bf16.precision import float32_spec
 from estimator_bf16.precision import policy
+from estimator_bf16.precision import rounding
 from estimator_bf16.precision import scope as scope_lib
+from estimator_bf16.safety import audit as audit_lib
 
 
-def _check_audit(audit):
-  if audit not in audit_lib.AUDIT_MODES:
-    raise ValueError('audit must be one of %s, got %r.' %
-                     (', '.join(repr(a) for a in audit_lib.AUDIT_MODES), audit))
-  return audit
+def _options(options):
+  """`options`, or the defaults for None; a TypeError for anything else."""
+  if options is None:
+    return options_lib.WRAP_DEFAULTS
+  if not isinstance(options, options_lib.WrapOptions):
+    raise TypeError('options must be an eb.WrapOptions, got %r.' % (options,))
+  return options
 
 
-def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
-                  gradient_accumulation_steps=1, recompute=False,
-                  kernels='auto'):
+def wrap_model_fn(model_fn, precision, options=None):
   """Wraps a legacy model_fn so it computes in `precision`.
 
   Under `'bfloat16'`, the returned model_fn casts floating features to
@@ -45,22 +46,11 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
     model_fn: `(features, labels, mode[, params][, config])` returning an
       `EstimatorSpec` or `TPUEstimatorSpec`; left unmodified.
     precision: `'float32'` or `'bfloat16'`.
-    audit: `'strict'` raises `PrecisionError` on a precision mistake found in
-      the TRAIN graph (16-bit variables, a non-float32 loss, mixed-dtype ops,
-      less than `audit.MIN_BFLOAT16_SHARE` of matmul/conv FLOPs in bfloat16);
-      `'warn'` logs it; `'off'` skips the audit.
-    exclude: feature keys that stay as they are (see `cast_features`).
-    gradient_accumulation_steps: int >= 1; each update applies the mean
-      gradient of this many micro-batches (`levers.levers_model_fn`). The
-      input_fn's batch is the micro-batch here; `make_tpu_estimator`
-      divides `train_batch_size` for you.
-    recompute: recompute activations during backprop instead of keeping
-      them (`estimator_bf16.levers.recompute`).
-    kernels: `'auto'` builds the ops whose bfloat16 CPU kernel is slow on
-      this CPU kind in float32 from bfloat16 inputs, rounding their results
-      (`autocast.cpu_kernels`; never for a TPU, XLA or GPU); `'bfloat16'`
-      keeps TensorFlow's own bfloat16 kernels. The audit judges the
-      bfloat16 graph either way.
+    options: an `eb.WrapOptions` (the audit mode, feature keys never cast,
+      gradient accumulation, recomputation, the CPU kernel choice), or None
+      for its defaults. With gradient accumulation the input_fn's batch is
+      the micro-batch here; `make_tpu_estimator` divides `train_batch_size`
+      for you.
 
   Returns:
     A model_fn `(features, labels, mode, params, config)`. For `'float32'`
@@ -68,16 +58,17 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
     is imported, a pass-through that repairs it while `model_fn` runs).
 
   Raises:
-    ValueError: bad `precision`, `audit`, `kernels` or levers, or a model_fn
-      signature an Estimator cannot call.
+    ValueError: a bad `precision`, or a model_fn signature an Estimator
+      cannot call.
+    TypeError: `options` is not a `WrapOptions`.
   """
   precision = policy.parse_precision(precision)
-  _check_audit(audit)
-  cpu_kernels.parse_kernels(kernels)
+  options = _options(options)
+  audit, kernels = options.audit, options.kernels
   # Inside the precision: the levers' gradients are those of the bfloat16
   # network, and the audit sees the graph they leave.
-  model_fn = apply.levers_model_fn(model_fn, gradient_accumulation_steps,
-                                    recompute)
+  model_fn = apply.levers_model_fn(
+      model_fn, options.gradient_accumulation_steps, options.recompute)
   accepted = calling.model_fn_arg_names(model_fn)
   # tf_slim.batch_norm is broken on TensorFlow 2.15+ (see platform/slim_repair.py).
   # The repair swaps attributes of tf-slim and TensorFlow modules, so it is
@@ -93,7 +84,8 @@ def wrap_model_fn(model_fn, precision, audit='strict', exclude=(),
     kwargs = calling.model_fn_kwargs(accepted, labels, mode, params, config)
     with slim_repair.tf_slim_repaired(), autocast_lib.autocast(precision), \
         cpu_kernels.kernels(kernels):
-      features = casting.cast_features(features, precision, exclude)
+      features = casting.cast_features(features, precision,
+                                         options.exclude)
       with scope_lib.bfloat16_scope(precision):
         spec = model_fn(features=features, **kwargs)
     # The loss as computed: a float32 loss that TensorFlow's loss code cast

@@ -27,6 +27,7 @@ from tensorflow.python.grappler import tf_optimizer
 
 from estimator_bf16.autocast import contexts as autocast_lib
 from estimator_bf16.compat import calling
+from estimator_bf16.estimator import options as options_lib
 from estimator_bf16.estimator import wrappers
 from estimator_bf16.levers import batch_dim
 from estimator_bf16.memory import plan_simulate
@@ -160,9 +161,9 @@ def model_fn_step_builder(model_fn, precision, params, steps, recompute,
   # The plan is of the bfloat16 graph a TPU runs, not of this CPU's
   # float32 stand-ins for slow kernels (autocast.cpu_kernels).
   wrapped = wrappers.wrap_model_fn(
-      model_fn, precision if wrap_precision else 'float32', audit='off',
-      gradient_accumulation_steps=steps, recompute=recompute,
-      kernels='bfloat16')
+      model_fn, precision if wrap_precision else 'float32',
+      options_lib.WrapOptions(audit='off', gradient_accumulation_steps=steps,
+                              recompute=recompute, kernels='bfloat16'))
   accepted = calling.model_fn_arg_names(wrapped)
 
   def build(features, labels, batch_size):

@@ -49,6 +49,7 @@ from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
 
 from estimator_bf16.compat import calling
+from estimator_bf16.estimator import options as options_lib
 from estimator_bf16.estimator import wrappers
 from estimator_bf16.memory import xla_dump
 from estimator_bf16.platform import interrupts
@@ -375,10 +376,10 @@ class CompiledLoop:
     self._run_steps = []  # Steps of each loop run, in order.
     folder = xla_dump.enable()
     before = xla_dump.assignment_files(folder)
-    wrapped = wrappers.wrap_model_fn(
-        model_fn, precision, audit='off',
-        gradient_accumulation_steps=gradient_accumulation_steps,
+    options = options_lib.WrapOptions(
+        audit='off', gradient_accumulation_steps=gradient_accumulation_steps,
         recompute=recompute)
+    wrapped = wrappers.wrap_model_fn(model_fn, precision, options)
     run_params = dict(params or {})
     # As the package's estimators and the runner pass them: model code that
     # builds its network through `eb.build_network` reads the precision.

@@ -14,7 +14,7 @@ SUPPORTED = ('TensorFlow 2.15.x (tf.estimator and TPUEstimator, CPU and '
 ESTIMATOR_BACKEND = 'tf_estimator'
 COMPAT_BACKEND = 'compat'
 BACKENDS = (ESTIMATOR_BACKEND, COMPAT_BACKEND)
-# What `make_tpu_estimator(backend=...)` takes besides a backend's name: the
+# What `EstimatorOptions(backend=...)` takes besides a backend's name: the
 # installed TensorFlow's own (the compat one under a strategy).
 AUTO_BACKEND = 'auto'
 

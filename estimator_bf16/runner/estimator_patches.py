@@ -225,7 +225,7 @@ def _patched_entry(original, name):
       run.train_input_fn = arguments['input_fn']
       run.train_config = getattr(estimator, 'config', None)
     arguments['input_fn'] = eb.wrap_input_fn(
-        arguments['input_fn'], run.precision, exclude=run.exclude)
+        arguments['input_fn'], run.precision, exclude=run.options.exclude)
     if name == 'evaluate':
       metrics = original(*bound.args, **bound.kwargs)
       run.result.evaluations.append(_metric_record(metrics))

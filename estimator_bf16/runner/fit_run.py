@@ -16,22 +16,25 @@ the program prints before its first `train` call is therefore printed
 twice.
 """
 
+import dataclasses
 import functools
 
+from estimator_bf16.estimator import options as options_lib
 from estimator_bf16.precision import policy
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import planning as planning_lib
 
 
 def run_with_fit(program, args=(), *, budget_bytes,
-                 precisions=policy.PRECISIONS, audit='strict',
-                 exclude=(), tf1=None, tf1_paths=(), on_choice=None,
-                 kernels='auto', seed=None):
+                 precisions=policy.PRECISIONS,
+                 options=options_lib.WRAP_DEFAULTS, tf1=None, tf1_paths=(),
+                 on_choice=None, seed=None):
   """Runs `program` with the cheapest levers that fit `budget_bytes`.
 
   Args:
-    program, args, audit, exclude, tf1, tf1_paths, kernels, seed: as for
-      `runner.run_program`.
+    program, args, tf1, tf1_paths, seed: as for `runner.run_program`.
+    options: the `eb.WrapOptions` of both runs (audit, exclude, kernels);
+      its levers are the fit's to choose, so they must be the defaults.
     budget_bytes: int, memory of one core (or of this CPU's process).
     precisions: the precisions the fit may choose from (names or
       `Precision`s), parsed once here; the last is the planning run's.
@@ -42,7 +45,7 @@ def run_with_fit(program, args=(), *, budget_bytes,
     (planning, result): the check-mode `RunResult` that planned, and the
     training run's `RunResult` (its `.fit` set), or None when nothing was
     trained: the program failed or never trained before the plan, its
-    TRAIN graph has audit problems and `audit` is 'strict', the plan
+    TRAIN graph has audit problems and the audit is 'strict', the plan
     failed, or nothing fits (`planning.fit_plans.chosen` is None).
 
   Raises:
@@ -53,24 +56,29 @@ def run_with_fit(program, args=(), *, budget_bytes,
                        for precision in precisions)
   except ValueError as e:
     raise runner.ProgramError('--precision: %s' % e)
+  if (options.gradient_accumulation_steps != 1 or options.recompute):
+    raise runner.ProgramError(
+        'the fit chooses gradient accumulation and recomputation itself; '
+        'give options without them.')
   plan_fn = functools.partial(planning_lib.fit_plans, budget_bytes=budget_bytes,
                               precisions=precisions, here=True)
   planning = runner.run_program(
-      program, args, precision=precisions[-1], audit=audit, exclude=exclude,
-      check=True, plan_fn=plan_fn, tf1=tf1, tf1_paths=tf1_paths,
-      kernels=kernels, seed=seed)
+      program, args, precision=precisions[-1], options=options, check=True,
+      plan_fn=plan_fn, tf1=tf1, tf1_paths=tf1_paths, seed=seed)
   fitted = planning.fit_plans
   if (planning.train_graph is None or planning.error is not None or
-      (audit == 'strict' and planning.problems) or
+      (options.audit == 'strict' and planning.problems) or
       fitted is None or fitted.chosen is None):
     return planning, None
   if on_choice is not None:
     on_choice(planning)
   chosen = fitted.chosen
   result = runner.run_program(
-      program, args, precision=chosen.precision, audit=audit,
-      exclude=exclude, memory=True, tf1=tf1, tf1_paths=tf1_paths,
-      gradient_accumulation_steps=chosen.gradient_accumulation_steps,
-      recompute=chosen.recompute, kernels=kernels, seed=seed)
+      program, args, precision=chosen.precision,
+      options=dataclasses.replace(
+          options,
+          gradient_accumulation_steps=chosen.gradient_accumulation_steps,
+          recompute=chosen.recompute),
+      memory=True, tf1=tf1, tf1_paths=tf1_paths, seed=seed)
   result.fit = fitted
   return planning, result

@@ -8,7 +8,7 @@ The program runs as `__main__`, as `python PROGRAM.py ARGS` runs it:
 resolve), absl flags and `app.run` behave the same. While it runs:
 
 * every Estimator / TPUEstimator it constructs gets its model_fn wrapped with
-  `eb.wrap_model_fn(model_fn, precision, audit, exclude)` and, in bfloat16,
+  `eb.wrap_model_fn(model_fn, precision, options)` and, in bfloat16,
   `params['precision']`;
 * every input_fn given to such an estimator's `train` / `evaluate` /
   `predict` (also the calls `tf.estimator.train_and_evaluate` makes) is
@@ -41,12 +41,10 @@ model_fns record), `estimator_patches` (the patched Estimator classes),
 import contextlib
 import os
 
-from estimator_bf16.autocast import cpu_kernels
-from estimator_bf16.levers import apply
+from estimator_bf16.estimator import options as options_lib
 from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.platform import quiet
 from estimator_bf16.precision import policy
-from estimator_bf16.safety import audit as audit_lib
 from estimator_bf16.runner import estimator_patches
 from estimator_bf16.runner import execution
 from estimator_bf16.runner import results
@@ -58,31 +56,21 @@ RunResult = results.RunResult
 TrainGraph = results.TrainGraph
 
 
-def _check_options(program, precision, audit, exclude, tf1, tf1_paths,
-                   gradient_accumulation_steps=1, recompute=False,
-                   kernels='auto'):
+def _check_options(program, precision, options, tf1, tf1_paths, seed):
   """Raises `ProgramError` on a bad option; returns the `Precision`."""
   try:
     precision = policy.parse_precision(precision)
   except ValueError as e:
     raise ProgramError('--precision: %s' % e)
-  try:
-    cpu_kernels.parse_kernels(kernels)
-  except ValueError as e:
-    raise ProgramError('--kernels: %s' % e)
-  try:
-    apply.check_levers(gradient_accumulation_steps, recompute)
-  except ValueError as e:
-    raise ProgramError(str(e))
-  if audit not in audit_lib.AUDIT_MODES:
-    raise ProgramError('--audit must be one of %s, got %r.' %
-                       (', '.join(audit_lib.AUDIT_MODES), audit))
-  if isinstance(exclude, str) or not all(isinstance(k, str) for k in exclude):
-    raise ProgramError('exclude must be a list of feature keys, got %r.' %
-                       (exclude,))
+  if not isinstance(options, options_lib.WrapOptions):
+    raise ProgramError('options must be an eb.WrapOptions, got %r.' %
+                       (options,))
   if tf1 not in (None, True, False):
     raise ProgramError('tf1 must be None (detect), True or False, got %r.' %
                        (tf1,))
+  if seed is not None and (isinstance(seed, bool) or
+                           not isinstance(seed, int) or seed < 0):
+    raise ProgramError('--seed must be an integer >= 0, got %r.' % (seed,))
   for folder in tf1_paths:
     if not os.path.isdir(folder):
       raise ProgramError('--tf1_path %s: no such folder.' % folder)
@@ -113,16 +101,47 @@ def _plan(result, plan_fn):
     result.plans = planned
 
 
+def _compile(result, xla_fn):
+  """Runs `xla_fn` on the caught TRAIN graph into `result.xla`, or the
+  one-line reason it failed into `result.xla_error`."""
+  if result.train_graph is None:
+    return
+  try:
+    result.xla = xla_fn(result.train_graph, result)
+  except Exception as e:  # pylint: disable=broad-except
+    result.xla_error = _first_line('%s: %s' % (type(e).__name__, e))
+
+
+def _enter_run(stack, run, folders):
+  """Puts the run's patches in place on `stack`, quiet logs first.
+
+  Everything entered here is undone when `stack` closes, whatever way the
+  program ends.
+  """
+  result = run.result
+
+  def count_resolver(stand_in):
+    del stand_in
+    result.local_resolvers += 1
+
+  stack.callback(run.close)
+  stack.enter_context(quiet.tensorflow_logs_once())
+  stack.enter_context(quiet.deprecation_notices_hidden())
+  stack.enter_context(execution.compat_backend())
+  stack.enter_context(tpu_resolver.substitute_empty_name(count_resolver))
+  stack.enter_context(estimator_patches.patched_for(run))
+  stack.enter_context(execution.forget_program_state(folders, result))
+
+
 def _first_line(text, limit=300):
   lines = [line.strip() for line in text.splitlines() if line.strip()]
   line = lines[0] if lines else text
   return line if len(line) <= limit else line[:limit - 3] + '...'
 
 
-def run_program(program, args=(), precision='bfloat16', audit='strict',
-                exclude=(), memory=False, check=False, plan_fn=None,
-                tf1=None, tf1_paths=(), gradient_accumulation_steps=1,
-                recompute=False, kernels='auto', xla_fn=None, seed=None,
+def run_program(program, args=(), precision=policy.DEFAULT_PRECISION,
+                options=options_lib.WRAP_DEFAULTS, memory=False, check=False,
+                plan_fn=None, tf1=None, tf1_paths=(), xla_fn=None, seed=None,
                 verbose=False):
   """Runs `program` as `__main__` with its Estimators in `precision`.
 
@@ -132,8 +151,11 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
     precision: 'bfloat16', or 'float32' to run it unchanged (or a
       `Precision`). Parsed here, once: the run's estimators, patches,
       `RunResult` and report get the `Precision`.
-    audit: 'strict', 'warn' or 'off' (see `eb.wrap_model_fn`).
-    exclude: feature keys never cast.
+    options: an `eb.WrapOptions`: the audit, feature keys never cast and
+      the levers every model_fn of the program is wrapped with. With
+      gradient accumulation (K > 1) every TRAIN graph applies the mean
+      gradient of K micro-batches per update, and a TPUEstimator's
+      `train_batch_size` is divided by K (see `eb.make_tpu_estimator`).
     memory: measure the allocator peak of a training step (needs
       TF_CPU_ALLOCATOR_USE_BFC=true set before TensorFlow was imported).
     check: stop at the first TRAIN graph, before any training.
@@ -145,12 +167,6 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
       decide from its source (None, `estimator_bf16.runner.tf1.detect`).
     tf1_paths: more folders whose modules are the program's own TF 1.x
       code (its own folder always is).
-    gradient_accumulation_steps: K >= 1; every TRAIN graph applies the mean
-      gradient of K micro-batches per update, and a TPUEstimator's
-      `train_batch_size` is divided by K (see `eb.make_tpu_estimator`).
-    recompute: recompute activations during backprop.
-    kernels: 'auto' (ops whose bfloat16 kernel is slow on this CPU compute
-      in float32; `eb.wrap_model_fn`) or 'bfloat16'.
     xla_fn: in check mode, `xla_fn(train_graph, result) -> record` run
       after `plan_fn`, in the same environment (`check --xla`); its result
       goes to `RunResult.xla`, a failure's one-line reason to `xla_error`.
@@ -168,31 +184,18 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
   Raises:
     ProgramError: the program is missing, or an option is bad; nothing ran.
   """
-  precision = _check_options(program, precision, audit, exclude, tf1,
-                             tf1_paths, gradient_accumulation_steps,
-                             recompute, kernels)
-  if seed is not None and (isinstance(seed, bool) or
-                           not isinstance(seed, int) or seed < 0):
-    raise ProgramError('--seed must be an integer >= 0, got %r.' % (seed,))
-  result = RunResult(program=program, precision=precision,
-                     gradient_accumulation_steps=gradient_accumulation_steps,
-                     recompute=recompute, kernels=kernels, memory=memory,
-                     seed=seed)
-  run = run_state.ProgramRun(audit, tuple(exclude), memory, check, result)
-
-  def count_resolver(stand_in):
-    del stand_in
-    result.local_resolvers += 1
+  precision = _check_options(program, precision, options, tf1, tf1_paths,
+                             seed)
+  result = RunResult(
+      program=program, precision=precision,
+      gradient_accumulation_steps=options.gradient_accumulation_steps,
+      recompute=options.recompute, kernels=options.kernels, memory=memory,
+      seed=seed)
+  run = run_state.ProgramRun(options, memory, check, result)
 
   folders = [os.path.dirname(os.path.realpath(program))] + list(tf1_paths)
   with contextlib.ExitStack() as stack:
-    stack.callback(run.close)
-    stack.enter_context(quiet.tensorflow_logs_once())
-    stack.enter_context(quiet.deprecation_notices_hidden())
-    stack.enter_context(execution.compat_backend())
-    stack.enter_context(tpu_resolver.substitute_empty_name(count_resolver))
-    stack.enter_context(estimator_patches.patched_for(run))
-    stack.enter_context(execution.forget_program_state(folders, result))
+    _enter_run(stack, run, folders)
     scope = execution.tf1_scope(program, folders, tf1, result)
     program_globals = {}
     if scope is not None:
@@ -207,11 +210,8 @@ def run_program(program, args=(), precision='bfloat16', audit='strict',
                           verbose)
     if check and plan_fn is not None:
       _plan(result, plan_fn)
-    if check and xla_fn is not None and result.train_graph is not None:
-      try:
-        result.xla = xla_fn(result.train_graph, result)
-      except Exception as e:  # pylint: disable=broad-except
-        result.xla_error = _first_line('%s: %s' % (type(e).__name__, e))
+    if check and xla_fn is not None:
+      _compile(result, xla_fn)
   result.train_steps = [h.steps for h in run.step_hooks]
   result.peak_bytes = max([h.peak_bytes for h in run.hooks] or [0])
   result.train_peak_tensor_bytes = [h.tensor_peak_bytes for h in run.hooks]

@@ -9,6 +9,7 @@ mode, the first one ends the program before training). The two exceptions
 that end a program early are here too.
 """
 
+import dataclasses
 import functools
 import shutil
 import tempfile
@@ -51,10 +52,9 @@ class ProgramRun(object):
 
   Attributes:
     precision: the run's `Precision`, as `run_program` parsed it.
-    audit, exclude, memory, check: the `run_program` options.
-    steps: gradient accumulation steps K (1: none).
-    recompute: whether activations are recomputed in backprop.
-    kernels: 'auto' or 'bfloat16' (`eb.wrap_model_fn`).
+    options: the run's `eb.WrapOptions` (audit, exclude, levers, kernels).
+    memory, check: the `run_program` options.
+    steps: gradient accumulation steps K (1: none), `options`'.
     result: the `RunResult` being filled in.
     estimators: the Estimators constructed under this run (weakly held).
     hooks: the `PeakMemoryHook` of each `train` call, in order.
@@ -62,14 +62,10 @@ class ProgramRun(object):
       order.
   """
 
-  def __init__(self, audit, exclude, memory, check, result):
-    # The levers, precision included, are the RunResult's: one value each.
+  def __init__(self, options, memory, check, result):
     self.precision = result.precision
-    self.steps = result.gradient_accumulation_steps
-    self.recompute = result.recompute
-    self.kernels = result.kernels
-    self.audit = audit
-    self.exclude = exclude
+    self.options = options
+    self.steps = options.gradient_accumulation_steps
     self.memory = memory
     self.check = check
     self.result = result
@@ -115,12 +111,10 @@ class ProgramRun(object):
 
     # In check mode the run's own report is the audit: nothing raises
     # before it is printed with the plan.
-    wrapped = eb.wrap_model_fn(remember_loss, self.precision,
-                               audit='off' if self.check else self.audit,
-                               exclude=self.exclude,
-                               gradient_accumulation_steps=self.steps,
-                               recompute=self.recompute,
-                               kernels=self.kernels)
+    options = self.options
+    if self.check:
+      options = dataclasses.replace(options, audit='off')
+    wrapped = eb.wrap_model_fn(remember_loss, self.precision, options)
     accepted = calling.model_fn_arg_names(wrapped)
     run = self
 

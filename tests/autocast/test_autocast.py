@@ -1012,8 +1012,10 @@ class StrictShareTest(tf.test.TestCase):
       self.assertGreater(report.bfloat16_flop_share, 0.95)
     with tf.Graph().as_default():
       with self.assertLogs(level='WARNING') as logs:
-        eb.wrap_model_fn(_network_with(True), 'bfloat16', audit='warn')(
-            tf.ones([8, 3]), tf.zeros([8], tf.int32), 'train')
+        eb.wrap_model_fn(_network_with(True), 'bfloat16',
+                         eb.WrapOptions(audit='warn'))(tf.ones([8, 3]),
+                                                       tf.zeros([8], tf.int32),
+                                                       'train')
       self.assertTrue(any('FLOPs run in bfloat16' in l for l in logs.output))
 
   def test_sparse_matmul_message_names_real_dtypes(self):

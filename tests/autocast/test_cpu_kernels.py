@@ -59,7 +59,8 @@ def _build(kind, kernels='auto', gpu=False, model_fn=_model_fn):
       mock.patch.object(cpu_kernels, '_gpu_visible', return_value=gpu):
     tf.compat.v1.set_random_seed(3)
     features, labels = _features()
-    wrapped = eb.wrap_model_fn(model_fn, 'bfloat16', kernels=kernels)
+    wrapped = eb.wrap_model_fn(model_fn, 'bfloat16',
+                               eb.WrapOptions(kernels=kernels))
     spec = wrapped(features, labels, tf.estimator.ModeKeys.TRAIN, {})
   return graph, spec
 
@@ -200,12 +201,13 @@ class SubstitutionTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_bad_choice_raises_listing_the_choices(self):
     with self.assertRaisesRegex(ValueError, "'auto', 'bfloat16'"):
-      eb.wrap_model_fn(_model_fn, 'bfloat16', kernels='float32')
+      eb.WrapOptions(kernels='float32')
     with self.assertRaisesRegex(ValueError, "'auto', 'bfloat16'"):
       with cpu_kernels.kernels('fast'):
         pass
-    with self.assertRaisesRegex(runner.ProgramError, '--kernels'):
-      runner.run_program(__file__, kernels='fast')
+    # The runner takes the options as a value, never a loose choice.
+    with self.assertRaisesRegex(runner.ProgramError, 'eb.WrapOptions'):
+      runner.run_program(__file__, options={'kernels': 'fast'})
 
 
 class PlanAndReportTest(tf.test.TestCase):

@@ -284,8 +284,9 @@ class EstimatorSummaryTest(tf.test.TestCase):
 
     eb.make_tpu_estimator(
         model_fn, model_dir=model_dir, precision=precision,
-        train_batch_size=BATCH, save_summary_steps=1,
-        iterations_per_loop=1).train(input_fn, max_steps=2)
+        train_batch_size=BATCH, estimator_options=eb.EstimatorOptions(
+            save_summary_steps=1,
+            iterations_per_loop=1)).train(input_fn, max_steps=2)
     return {'v1': cls._read(glob.glob(os.path.join(model_dir, 'events*'))),
             'host': cls._read(glob.glob(os.path.join(host_dir, 'events*')))}
 

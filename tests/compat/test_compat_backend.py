@@ -322,9 +322,10 @@ class SpecAndConfigTest(tf.test.TestCase):
       compat.TPUEstimator(legacy_model.model_fn, use_tpu=True,
                           train_batch_size=8)
     with self.assertRaisesRegex(ValueError, 'use_tpu=False'):
-      eb.make_tpu_estimator(legacy_model.model_fn, model_dir='m',
-                            precision='bfloat16', train_batch_size=8,
-                            use_tpu=True, tpu='local', backend='compat')
+      eb.make_tpu_estimator(
+          legacy_model.model_fn, model_dir='m', precision='bfloat16',
+          train_batch_size=8, use_tpu=True, tpu='local',
+          estimator_options=eb.EstimatorOptions(backend='compat'))
 
   def test_tpu_estimator_argument_errors(self):
     def no_params(features, labels, mode):
@@ -335,14 +336,16 @@ class SpecAndConfigTest(tf.test.TestCase):
       compat.TPUEstimator(legacy_model.model_fn, use_tpu=False,
                           params={'batch_size': 3})
     with self.assertRaisesRegex(ValueError, 'backend must be one of'):
-      eb.make_tpu_estimator(legacy_model.model_fn, model_dir='m',
-                            precision='float32', train_batch_size=8,
-                            backend='keras')
+      eb.make_tpu_estimator(
+          legacy_model.model_fn, model_dir='m', precision='float32',
+          train_batch_size=8,
+          estimator_options=eb.EstimatorOptions(backend='keras'))
     if not IS_TF215:
       with self.assertRaisesRegex(ValueError, 'needs TensorFlow 2.15'):
-        eb.make_tpu_estimator(legacy_model.model_fn, model_dir='m',
-                              precision='float32', train_batch_size=8,
-                              backend='tf_estimator')
+        eb.make_tpu_estimator(
+            legacy_model.model_fn, model_dir='m', precision='float32',
+            train_batch_size=8,
+            estimator_options=eb.EstimatorOptions(backend='tf_estimator'))
 
 
 def _linear_model_fn(features, labels, mode):
@@ -583,8 +586,10 @@ class BackendAgreementTest(tf.test.TestCase):
       estimator = eb.make_tpu_estimator(
           recording(backend, None, legacy_model.model_fn, 'model'),
           model_dir=model_dir, precision='bfloat16', train_batch_size=8,
-          eval_batch_size=8, predict_batch_size=4, save_checkpoints_steps=1,
-          keep_checkpoint_max=2, params={'lr': 0.01}, backend=backend)
+          eval_batch_size=8, predict_batch_size=4, params={'lr': 0.01},
+          estimator_options=eb.EstimatorOptions(save_checkpoints_steps=1,
+                                                keep_checkpoint_max=2,
+                                                backend=backend))
       estimator.train(recording(backend, 'train', legacy_model.train_input_fn,
                                 'input'), max_steps=2)
       estimator.evaluate(recording(backend, 'eval',

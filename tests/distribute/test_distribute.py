@@ -130,10 +130,11 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
       estimator = eb.make_tpu_estimator(
           model_fn, model_dir=model_dir, precision=precision,
           train_batch_size=_GLOBAL_BATCH, eval_batch_size=_GLOBAL_BATCH,
-          save_checkpoints_steps=1000, tf_random_seed=0,
-          log_step_count_steps=None,
           distribute=_strategy(devices) if devices > 1 else None,
-          backend='compat')
+          estimator_options=eb.EstimatorOptions(save_checkpoints_steps=1000,
+                                                tf_random_seed=0,
+                                                log_step_count_steps=None,
+                                                backend='compat'))
     else:
       # The legacy spelling: an Estimator with a RunConfig holding the
       # strategies; input_fn gets params['batch_size'] per replica.
@@ -251,9 +252,10 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
       return model_fn(features, labels, mode, params)
 
     estimator = eb.make_tpu_estimator(
-        recording_model_fn, model_dir=self.get_temp_dir(),
-        precision='bfloat16', train_batch_size=_GLOBAL_BATCH,
-        log_step_count_steps=None, distribute=_strategy(2), backend='compat')
+        recording_model_fn, model_dir=self.get_temp_dir(), precision='bfloat16',
+        train_batch_size=_GLOBAL_BATCH, distribute=_strategy(2),
+        estimator_options=eb.EstimatorOptions(log_step_count_steps=None,
+                                              backend='compat'))
     estimator.train(eb.wrap_input_fn(input_fn, 'bfloat16'), max_steps=1)
     self.assertEqual([__file__] * 2, files)
 
@@ -272,10 +274,10 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
                             distribute=_strategy(2))
     if eb.BACKEND == 'tf_estimator':
       with self.assertRaisesRegex(ValueError, 'tensorflow#26207'):
-        eb.make_tpu_estimator(model_fn, model_dir=self.get_temp_dir(),
-                              precision='bfloat16', train_batch_size=16,
-                              backend='tf_estimator',
-                              distribute=_strategy(2))
+        eb.make_tpu_estimator(
+            model_fn, model_dir=self.get_temp_dir(), precision='bfloat16',
+            train_batch_size=16, distribute=_strategy(2),
+            estimator_options=eb.EstimatorOptions(backend='tf_estimator'))
 
   def test_unsupported_strategy_is_refused(self):
     with self.assertRaisesRegex(ValueError, 'OneDeviceStrategy is not '

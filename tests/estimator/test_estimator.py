@@ -20,7 +20,9 @@ def _estimator(model_dir, precision, **kwargs):
   return eb.make_tpu_estimator(
       legacy_model.model_fn, model_dir=model_dir, precision=precision,
       train_batch_size=32, eval_batch_size=32, predict_batch_size=8,
-      tf_random_seed=7, save_checkpoints_steps=50, **kwargs)
+      estimator_options=eb.EstimatorOptions(tf_random_seed=7,
+                                            save_checkpoints_steps=50),
+      **kwargs)
 
 
 def _input(fn, precision):
@@ -193,7 +195,7 @@ class HostCallsTest(tf.test.TestCase, parameterized.TestCase):
     estimator = eb.make_tpu_estimator(
         _host_call_model_fn, model_dir=self.create_tempdir().full_path,
         precision=precision, train_batch_size=32, eval_batch_size=32,
-        tf_random_seed=7)
+        estimator_options=eb.EstimatorOptions(tf_random_seed=7))
     estimator.train(_input(legacy_model.train_input_fn, precision),
                     max_steps=2)
     metrics = estimator.evaluate(_input(legacy_model.eval_input_fn, precision),
@@ -236,16 +238,49 @@ class MakeEstimatorErrorsTest(tf.test.TestCase, parameterized.TestCase):
       ('precision', dict(precision='fp16'), 'precision must be one of'),
       ('batch', dict(train_batch_size=0), 'train_batch_size must be'),
       ('no_tpu_name', dict(use_tpu=True), 'use_tpu=True needs tpu'),
-      ('shards', dict(use_tpu=True, tpu='local', train_batch_size=12),
-       'not divisible by the 8 replicas'),
+      ('shards', dict(use_tpu=True, tpu='local',
+                      train_batch_size=12), 'not divisible by the 8 replicas'),
       ('reserved', dict(params={'batch_size': 3}), 'must not set batch_size'),
-      ('audit', dict(audit='loud'), 'audit must be one of'))
+      ('no_model_dir', dict(model_dir=''), 'model_dir is required'),
+      ('wrap_options', dict(options={'audit': 'warn'}),
+       'options must be an eb.WrapOptions'),
+      ('estimator_options', dict(estimator_options=eb.WrapOptions()),
+       'estimator_options must be an eb.EstimatorOptions'))
   def test_bad_arguments(self, overrides, message):
     kwargs = dict(model_dir=self.create_tempdir().full_path,
                   precision='bfloat16', train_batch_size=32)
     kwargs.update(overrides)
-    with self.assertRaisesRegex(ValueError, message):
+    with self.assertRaisesRegex((ValueError, TypeError), message):
       eb.make_tpu_estimator(legacy_model.model_fn, **kwargs)
+
+  @parameterized.named_parameters(
+      ('audit', eb.WrapOptions, dict(audit='loud'), 'audit must be one of'),
+      ('exclude', eb.WrapOptions, dict(exclude='image'),
+       'exclude must be a list of feature keys'),
+      ('steps', eb.WrapOptions, dict(gradient_accumulation_steps=0),
+       'gradient_accumulation_steps must be'),
+      ('recompute', eb.WrapOptions, dict(recompute='yes'),
+       'recompute must be True or False'),
+      ('kernels', eb.WrapOptions, dict(kernels='fast'),
+       'kernels must be one of'),
+      ('loop', eb.EstimatorOptions, dict(iterations_per_loop=0),
+       'iterations_per_loop must be a positive integer'),
+      ('shards', eb.EstimatorOptions, dict(num_shards=-8),
+       'num_shards must be a positive integer'))
+  def test_bad_options_fail_where_they_are_written(self, cls, fields,
+                                                   message):
+    with self.assertRaisesRegex(ValueError, message):
+      cls(**fields)
+
+  def test_options_keep_one_default_each(self):
+    # The flags of `run`/`check` and the training CLI read these values.
+    self.assertEqual(eb.WrapOptions(exclude=['image']).exclude, ('image',))
+    self.assertEqual(
+        eb.WrapOptions(),
+        eb.WrapOptions(audit='strict', exclude=(),
+                       gradient_accumulation_steps=1, recompute=False,
+                       kernels='auto'))
+    self.assertEqual(eb.EstimatorOptions().iterations_per_loop, 100)
 
   def test_params_carry_precision(self):
     estimator = eb.make_tpu_estimator(

@@ -159,8 +159,9 @@ class WrapModelFnTest(tf.test.TestCase, parameterized.TestCase):
     for audit in ('off', 'warn'):
       with tf.Graph().as_default():
         with self.assertLogs(level='WARNING') as logs:
-          spec = eb.wrap_model_fn(model_fn, 'bfloat16', audit=audit)(
-              tf.ones([3]), None, 'train')
+          spec = eb.wrap_model_fn(model_fn, 'bfloat16',
+                                  eb.WrapOptions(audit=audit))(tf.ones([3]),
+                                                               None, 'train')
         self.assertEqual(spec.loss.dtype, tf.float32)
         self.assertTrue(any('cast to float32' in line for line in logs.output))
 

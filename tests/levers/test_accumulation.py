@@ -218,13 +218,20 @@ class _Training(tf.test.TestCase, parameterized.TestCase):
     return self._shared[key]
 
   def _train(self, model_fn, steps, backend, max_steps=_UPDATES,
-             model_dir=None, precision='float32', hooks=(), **kwargs):
+             model_dir=None, precision='float32', hooks=(), recompute=False,
+             numeric_guard=False, **kwargs):
     model_dir = model_dir or self.create_tempdir().full_path
     estimator = eb.make_tpu_estimator(
         model_fn, model_dir=model_dir, precision=precision,
-        train_batch_size=_BATCH, tf_random_seed=0,
-        save_checkpoints_steps=1000, log_step_count_steps=None,
-        gradient_accumulation_steps=steps, backend=backend, **kwargs)
+        train_batch_size=_BATCH,
+        options=eb.WrapOptions(gradient_accumulation_steps=steps,
+                               recompute=recompute),
+        estimator_options=eb.EstimatorOptions(tf_random_seed=0,
+                                              save_checkpoints_steps=1000,
+                                              log_step_count_steps=None,
+                                              backend=backend,
+                                              numeric_guard=numeric_guard),
+        **kwargs)
     estimator.train(input_fn, max_steps=max_steps, hooks=list(hooks))
     return model_dir
 
@@ -291,8 +298,10 @@ class AccumulationTest(_Training):
     model_dir = self.create_tempdir().full_path
     estimator = eb.make_tpu_estimator(
         adam_model_fn, model_dir=model_dir, precision='float32',
-        train_batch_size=_BATCH // 4, tf_random_seed=0,
-        log_step_count_steps=None, backend='compat')
+        train_batch_size=_BATCH // 4,
+        estimator_options=eb.EstimatorOptions(tf_random_seed=0,
+                                              log_step_count_steps=None,
+                                              backend='compat'))
     estimator.train(input_fn, max_steps=_UPDATES * 4)
     small = _checkpoint(model_dir)
     self.assertGreater(np.abs(accumulated['logits/kernel'] -
@@ -315,9 +324,12 @@ class AccumulationTest(_Training):
     model_dir = self.create_tempdir().full_path
     estimator = eb.make_tpu_estimator(
         adam_model_fn, model_dir=model_dir, precision='float32',
-        train_batch_size=_BATCH, tf_random_seed=0, save_checkpoints_steps=1,
-        log_step_count_steps=None, gradient_accumulation_steps=4,
-        backend='compat')
+        train_batch_size=_BATCH,
+        options=eb.WrapOptions(gradient_accumulation_steps=4),
+        estimator_options=eb.EstimatorOptions(tf_random_seed=0,
+                                              save_checkpoints_steps=1,
+                                              log_step_count_steps=None,
+                                              backend='compat'))
     # Updates 1 and 2 are whole and saved; update 3 crashes after one of
     # its micro-steps.
     with self.assertRaises(KeyboardInterrupt):
@@ -588,17 +600,19 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
   def test_bad_k(self, steps):
     with self.assertRaisesRegex(ValueError, 'gradient_accumulation_steps '
                                 'must be an integer >= 1.*%s' % steps):
-      eb.make_tpu_estimator(adam_model_fn, model_dir='/tmp/unused',
-                            precision='float32', train_batch_size=16,
-                            gradient_accumulation_steps=steps)
+      eb.make_tpu_estimator(
+          adam_model_fn, model_dir='/tmp/unused', precision='float32',
+          train_batch_size=16,
+          options=eb.WrapOptions(gradient_accumulation_steps=steps))
 
   def test_batch_not_divisible(self):
     with self.assertRaisesRegex(
         ValueError, r'train_batch_size=18 is not divisible by '
         r'gradient_accumulation_steps=4: an update is 4 micro-batches'):
-      eb.make_tpu_estimator(adam_model_fn, model_dir='/tmp/unused',
-                            precision='float32', train_batch_size=18,
-                            gradient_accumulation_steps=4)
+      eb.make_tpu_estimator(
+          adam_model_fn, model_dir='/tmp/unused', precision='float32',
+          train_batch_size=18,
+          options=eb.WrapOptions(gradient_accumulation_steps=4))
 
   def test_batch_not_divisible_by_k_times_replicas(self):
     with self.assertRaisesRegex(
@@ -606,8 +620,9 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
         r'gradient_accumulation_steps=4 x 2 replicas of the strategy = 8'):
       eb.make_tpu_estimator(
           adam_model_fn, model_dir='/tmp/unused', precision='float32',
-          train_batch_size=12, gradient_accumulation_steps=4,
-          distribute=eb.make_strategy('mirrored', cpu_devices=2))
+          train_batch_size=12,
+          distribute=eb.make_strategy('mirrored', cpu_devices=2),
+          options=eb.WrapOptions(gradient_accumulation_steps=4))
 
   def test_tpu_batch_not_divisible_by_k_times_cores(self):
     # On a TPU each core's share of the batch is split into K (the device
@@ -615,14 +630,15 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, r'train_batch_size=16 is not divisible by '
         r'gradient_accumulation_steps=4 x 8 TPU replicas = 32'):
-      eb.make_tpu_estimator(adam_model_fn, model_dir='/tmp/unused',
-                            precision='float32', train_batch_size=16,
-                            use_tpu=True, tpu='local',
-                            gradient_accumulation_steps=4)
+      eb.make_tpu_estimator(
+          adam_model_fn, model_dir='/tmp/unused', precision='float32',
+          train_batch_size=16, use_tpu=True, tpu='local',
+          options=eb.WrapOptions(gradient_accumulation_steps=4))
 
   def test_bad_recompute(self):
     with self.assertRaisesRegex(ValueError, 'recompute must be True or False'):
-      eb.wrap_model_fn(adam_model_fn, 'bfloat16', recompute='yes')
+      eb.wrap_model_fn(adam_model_fn, 'bfloat16',
+                       eb.WrapOptions(recompute='yes'))
 
   def test_model_fn_without_gradients(self):
     def keras_style(features, labels, mode):
@@ -632,7 +648,9 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
     model_dir = self.create_tempdir().full_path
     estimator = eb.make_tpu_estimator(
         keras_style, model_dir=model_dir, precision='float32',
-        train_batch_size=16, gradient_accumulation_steps=2, backend='compat')
+        train_batch_size=16,
+        options=eb.WrapOptions(gradient_accumulation_steps=2),
+        estimator_options=eb.EstimatorOptions(backend='compat'))
     with self.assertRaisesRegex(ValueError, 'computed no gradients'):
       estimator.train(input_fn, max_steps=1)
 

@@ -133,10 +133,14 @@ class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
   def test_equals_the_host_accumulation(self):
     model_dir = self.create_tempdir().full_path
     estimator = eb.make_tpu_estimator(
-        models.adam_model_fn, model_dir=model_dir, precision='float32',
-        train_batch_size=models._BATCH, tf_random_seed=0,  # pylint: disable=protected-access
-        save_checkpoints_steps=1000, log_step_count_steps=None,
-        gradient_accumulation_steps=_K)
+        models.adam_model_fn,
+        model_dir=model_dir,
+        precision='float32',
+        train_batch_size=models._BATCH,  # pylint: disable=protected-access
+        options=eb.WrapOptions(gradient_accumulation_steps=_K),
+        estimator_options=eb.EstimatorOptions(tf_random_seed=0,
+                                              save_checkpoints_steps=1000,
+                                              log_step_count_steps=None))
     estimator.train(models.input_fn, max_steps=_UPDATES)
     host = models._checkpoint(model_dir)  # pylint: disable=protected-access
     device = _on_xla(models.adam_model_fn, steps=_K,
@@ -267,7 +271,7 @@ class AutocastInLoopTest(tf.test.TestCase, parameterized.TestCase):
   def test_raw_variables_are_read_in_bfloat16_in_the_loop(self, flow):
     graph = tf.Graph()
     wrapped = eb.wrap_model_fn(_raw_variable_model_fn, 'bfloat16',
-                               audit='off')
+                               eb.WrapOptions(audit='off'))
     with graph.as_default(), _control_flow(flow):
       tf.compat.v1.train.get_or_create_global_step()
       features = {'ids': tf.zeros([4], tf.int32)}

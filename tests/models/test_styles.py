@@ -125,8 +125,9 @@ def _estimator(style, model_dir, precision):
   return eb.make_tpu_estimator(
       STYLES[style].model_fn_builder(), model_dir=model_dir,
       precision=precision, train_batch_size=32, eval_batch_size=64,
-      save_checkpoints_steps=10 ** 6, log_step_count_steps=10 ** 6,
-      tf_random_seed=1)
+      estimator_options=eb.EstimatorOptions(save_checkpoints_steps=10**6,
+                                            log_step_count_steps=10**6,
+                                            tf_random_seed=1))
 
 
 def _train_and_evaluate(style, model_dir, precision, steps):

@@ -71,8 +71,8 @@ class RoundTripTest(tf.test.TestCase):
       steps += _STEPS_PER_PHASE
       estimator = eb.make_tpu_estimator(
           _model_fn, model_dir=model_dir, precision=precision,
-          train_batch_size=8, save_checkpoints_steps=_STEPS_PER_PHASE,
-          tf_random_seed=0)
+          train_batch_size=8, estimator_options=eb.EstimatorOptions(
+              save_checkpoints_steps=_STEPS_PER_PHASE, tf_random_seed=0))
       estimator.train(eb.wrap_input_fn(_input_fn, precision),
                       max_steps=steps)
       values, dtypes = _checkpoint(model_dir)

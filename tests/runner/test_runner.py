@@ -37,6 +37,7 @@ from estimator_bf16.models import digits
 from estimator_bf16.platform import shown_paths
 from estimator_bf16.precision import policy as precision_lib
 from estimator_bf16.runner import estimator_patches
+from estimator_bf16.runner import fit_run
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report
 from estimator_bf16.runner import tpu_resolver
@@ -526,10 +527,10 @@ class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
         "  tf.Variable(1.0, dtype=tf.bfloat16, trainable=False, name='half')\n"
         "  logits = tf.matmul(features['x'], w)")
     program = self._program(planted)
-    result = runner.run_program(
-        program, [os.path.join(self.get_temp_dir(), audit),
-                  os.path.join(self.get_temp_dir(), audit + '.json')],
-        audit=audit)
+    result = runner.run_program(program, [
+        os.path.join(self.get_temp_dir(), audit),
+        os.path.join(self.get_temp_dir(), audit + '.json')
+    ], options=eb.WrapOptions(audit=audit))
     self.assertEqual(result.exit_code, exit_code, result.error)
     self.assertLen(result.problems, 1)
     self.assertIn("variable 'half' (made at %s:18 (model_fn)) is stored as "
@@ -609,10 +610,10 @@ estimator.evaluate(input_fn, steps=1)""",
         "      labels, logits), tf.bfloat16)\n")
     self.assertNotEqual(planted, _ESTIMATOR_PROGRAM)
     program = self._program(planted)
-    result = runner.run_program(
-        program, [os.path.join(self.get_temp_dir(), 'kinds'),
-                  os.path.join(self.get_temp_dir(), 'kinds.json')],
-        audit='warn')
+    result = runner.run_program(program, [
+        os.path.join(self.get_temp_dir(), 'kinds'),
+        os.path.join(self.get_temp_dir(), 'kinds.json')
+    ], options=eb.WrapOptions(audit='warn'))
     problems = '\n'.join(result.problems)
     # Line 1 of the program is empty.
     for what, line in (("variable 'half'", 19),
@@ -704,8 +705,8 @@ estimator.evaluate(input_fn, steps=1)""",
       runner.run_program(self._program('pass'), precision='float16')
     with self.assertRaisesRegex(runner.ProgramError, "'float32', 'bfloat16'"):
       runner.run_program(self._program('pass'), precision=tf.bfloat16)
-    with self.assertRaisesRegex(runner.ProgramError, 'strict, warn, off'):
-      runner.run_program(self._program('pass'), audit='loud')
+    with self.assertRaisesRegex(runner.ProgramError, 'eb.WrapOptions'):
+      runner.run_program(self._program('pass'), options={'audit': 'warn'})
 
   def test_empty_tpu_name_gets_the_stand_in_only_without_a_tpu(self):
     program = self._program('''
@@ -895,6 +896,13 @@ estimator.evaluate(input_fn, steps=1)""",
                                 r'--seed must be an integer >= 0'):
       runner.run_program(program, seed=seed)
 
+  def test_levers_given_to_the_fit_are_refused_before_anything_runs(self):
+    program = self._program('raise SystemExit("must not run")')
+    with self.assertRaisesRegex(runner.ProgramError,
+                                'chooses gradient accumulation'):
+      fit_run.run_with_fit(program, budget_bytes=2 ** 30,
+                           options=eb.WrapOptions(recompute=True))
+
   def test_check_without_train_call_fails(self):
     program = self._program('print("no training here")')
     result = runner.run_program(program, check=True)
@@ -910,6 +918,8 @@ class CommandLineTest(tf.test.TestCase, parameterized.TestCase):
       ('precision', ['run', '--precision=float16', 'x.py'],
        "--precision must be one of 'float32', 'bfloat16', got 'float16'"),
       ('audit', ['check', '--audit=loud', 'x.py'], '--audit must be one of'),
+      ('accumulate', ['run', '--accumulate=0', 'x.py'],
+       '--accumulate must be an integer >= 1'),
       ('missing', ['run', 'no_such_program.py'], 'no_such_program.py: no such'),
       ('command', ['train', 'x.py'], 'invalid choice'),
       ('seed', ['run', '--seed=-1', 'x.py'], '--seed must be an integer >= 0'))

@@ -278,7 +278,8 @@ class MakeTpuEstimatorGuardTest(tf.test.TestCase):
 
     estimator = eb.make_tpu_estimator(
         model_fn, model_dir=self.create_tempdir().full_path,
-        precision='float32', train_batch_size=8, numeric_guard=True)
+        precision='float32', train_batch_size=8,
+        estimator_options=eb.EstimatorOptions(numeric_guard=True))
     with self.assertRaises(eb.NumericGuardError) as caught:
       estimator.train(input_fn, max_steps=10)
     error = caught.exception
@@ -311,7 +312,8 @@ class MakeTpuEstimatorGuardTest(tf.test.TestCase):
 
     estimator = eb.make_tpu_estimator(
         model_fn, model_dir=self.create_tempdir().full_path,
-        precision='float32', train_batch_size=8, numeric_guard=True)
+        precision='float32', train_batch_size=8,
+        estimator_options=eb.EstimatorOptions(numeric_guard=True))
     with self.assertRaisesRegex(tf.errors.InvalidArgumentError, 'user check'):
       estimator.train(input_fn, max_steps=2)
 
@@ -333,7 +335,8 @@ class RaiseGuardErrorsTest(tf.test.TestCase):
     def make(guarded):
       return eb.make_tpu_estimator(
           model_fn, model_dir=self.create_tempdir().full_path,
-          precision='float32', train_batch_size=8, numeric_guard=guarded)
+          precision='float32', train_batch_size=8,
+          estimator_options=eb.EstimatorOptions(numeric_guard=guarded))
 
     guarded = make(True)
     estimator_class = type(guarded)
