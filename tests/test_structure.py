@@ -221,6 +221,62 @@ def _module_level_imports(path, modules):
   return found
 
 
+MAX_FUNCTION_LINES = 80
+MAX_PUBLIC_PARAMETERS = 12
+# Functions exempt from the two limits above, each with its reason.
+_WIDE_EXEMPT = {
+    # Argument parsers: one statement per flag, read as a table.
+    'estimator_bf16/apps/cli.py:build_parser': 'argument parser',
+    'estimator_bf16/apps/train_cli.py:define_flags': 'argument parser',
+    # The compat backend reproduces TensorFlow's own constructors, argument
+    # for argument, so that code written for tf.estimator runs unchanged.
+    'estimator_bf16/compat/config.py:RunConfig.__init__': "TensorFlow's API",
+    'estimator_bf16/compat/tpu_estimator.py:TPUEstimator.__init__':
+        "TensorFlow's API",
+}
+
+
+def wide_functions(paths, root):
+  """'path:Qualified.name: why' for each function over the size limits.
+
+  A function is too long over `MAX_FUNCTION_LINES` lines (docstring
+  included); a public one (no leading underscore, or `__init__` of a public
+  class) takes too much over `MAX_PUBLIC_PARAMETERS` parameters, `self` and
+  `cls` not counted.
+  """
+  found = []
+
+  def visit(node, path, prefix, public):
+    for child in ast.iter_child_nodes(node):
+      if isinstance(child, ast.ClassDef):
+        visit(child, path, prefix + child.name + '.',
+              public and not child.name.startswith('_'))
+      elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        name = prefix + child.name
+        key = '%s:%s' % (path, name)
+        visit(child, path, name + '.', False)
+        if key in _WIDE_EXEMPT:
+          continue
+        args = child.args
+        params = [a.arg for a in args.posonlyargs + args.args +
+                  args.kwonlyargs] + [a.arg for a in (args.vararg,
+                                                      args.kwarg) if a]
+        params = [p for p in params if p not in ('self', 'cls')]
+        lines = child.end_lineno - child.lineno + 1
+        if lines > MAX_FUNCTION_LINES:
+          found.append('%s: %d lines' % (key, lines))
+        is_public = public and (not child.name.startswith('_') or
+                                child.name == '__init__')
+        if is_public and len(params) > MAX_PUBLIC_PARAMETERS:
+          found.append('%s: %d parameters' % (key, len(params)))
+
+  for path in paths:
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    visit(tree, os.path.relpath(path, root).replace(os.sep, '/'), '', True)
+  return sorted(found)
+
+
 class LayoutTest(tf.test.TestCase):
 
   def test_the_package_has_a_short_list_of_folders(self):
@@ -239,6 +295,26 @@ class LayoutTest(tf.test.TestCase):
       if lines > MAX_LINES:
         long_ones[name] = lines
     self.assertEqual(long_ones, {})
+
+  def test_no_function_is_too_long_or_too_wide(self):
+    self.assertEqual(
+        wide_functions(sorted(_modules().values()), _REPO), [])
+
+  def test_the_function_check_sees_a_long_and_a_wide_function(self):
+    path = os.path.join(self.create_tempdir().full_path, 'wide.py')
+    body = '\n'.join('  x%d = %d' % (i, i) for i in range(80))
+    with open(path, 'w') as f:
+      f.write('def long():\n%s\n\n' % body)
+      f.write('def wide(%s):\n  pass\n\n' %
+              ', '.join('a%d' % i for i in range(13)))
+      f.write('def _private_wide(%s):\n  pass\n\n' %
+              ', '.join('a%d' % i for i in range(13)))
+      f.write('class Public:\n  def __init__(self, %s):\n    pass\n' %
+              ', '.join('a%d' % i for i in range(13)))
+    self.assertEqual(wide_functions([path], os.path.dirname(path)), [
+        'wide.py:Public.__init__: 13 parameters',
+        'wide.py:long: 81 lines',
+        'wide.py:wide: 13 parameters'])
 
   def test_imports_have_no_cycles(self):
     modules = _modules()

@@ -172,6 +172,21 @@ def _describe(returncode):
   return 'exited with status %d' % returncode
 
 
+def _start_task(command, jobs, job, index, env, out, lock):
+  """Starts one task of the cluster in its own session (so that a signal
+  reaches its whole group); returns (process, the thread that will stream
+  its output, not started yet)."""
+  task_env = dict(os.environ if env is None else env)
+  task_env['TF_CONFIG'] = cluster_lib.tf_config(jobs, job, index)
+  task_env['PYTHONUNBUFFERED'] = '1'
+  process = subprocess.Popen(command, env=task_env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+  thread = threading.Thread(
+      target=_stream, args=(process, '%s:%d' % (job, index), out, lock),
+      daemon=True)
+  return process, thread
+
+
 def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
         env=None):
   """Runs `command` once per task of a local cluster; returns the status.
@@ -207,20 +222,11 @@ def run(command, workers, evaluator=False, grace_secs=10.0, out=None,
   with _stop_flag() as terminated:
     for job, index in _tasks(jobs):
       name = '%s:%d' % (job, index)
-      task_env = dict(os.environ if env is None else env)
-      task_env['TF_CONFIG'] = cluster_lib.tf_config(jobs, job, index)
-      task_env['PYTHONUNBUFFERED'] = '1'
-      process = subprocess.Popen(command, env=task_env,
-                                 stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-      processes[name] = process
-      say('started %s (pid %d) at %s' % (name, process.pid,
+      processes[name], threads[name] = _start_task(
+          command, jobs, job, index, env, out, lock)
+      say('started %s (pid %d) at %s' % (name, processes[name].pid,
                                          jobs[job][index]))
-      thread = threading.Thread(target=_stream,
-                                args=(process, name, out, lock), daemon=True)
-      thread.start()
-      threads[name] = thread
+      threads[name].start()
     try:
       while any(p.poll() is None for p in processes.values()):
         if terminated.is_set():

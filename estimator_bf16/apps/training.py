@@ -200,11 +200,7 @@ def run(options, hooks=()):
   if task is not None and task.task_type == cluster_lib.EVALUATOR:
     return _evaluate_checkpoints(options, model)
   chief = task is None or task.is_chief
-  strategy = None
-  if options.distribute:
-    strategy = strategies.make_strategy(
-        options.distribute, cpu_devices=options.cpu_devices,
-        timeout_seconds=options.worker_timeout_secs)
+  strategy = _strategy(options)
   if chief:
     # model_dir belongs to the chief: the others only read its checkpoints.
     _check_before_training(options, model, replicas)
@@ -235,6 +231,15 @@ def run(options, hooks=()):
         '--train_steps=%d.' % (result['global_step'], options.train_steps))
   _evaluate_and_export(estimator, options, model, result)
   return result
+
+
+def _strategy(options):
+  """The `tf.distribute` strategy of `--distribute`, or None."""
+  if not options.distribute:
+    return None
+  return strategies.make_strategy(
+      options.distribute, cpu_devices=options.cpu_devices,
+      timeout_seconds=options.worker_timeout_secs)
 
 
 def _make_estimator(options, model, strategy, steps_per_run):

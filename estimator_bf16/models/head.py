@@ -108,6 +108,28 @@ def summary_host_call(summary_dir, global_step, scalars, max_queue=100):
   return host_fn, tensors
 
 
+def _predict_spec(mode, logits):
+  """The PREDICT spec of float32 [B, C] `logits`: 'classes' int32 [B] and
+  'probabilities' float32 [B, C], also as the serving signature."""
+  predictions = {
+      'classes': tf.argmax(logits, axis=-1, output_type=tf.int32),
+      'probabilities': tf.nn.softmax(logits),
+  }
+  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+      mode=mode, predictions=predictions,
+      export_outputs={
+          _SERVING_KEY: tf.estimator.export.PredictOutput(predictions)})
+
+
+def _train_host_call(directory, global_step, loss, rate):
+  """The TRAIN host_call writing loss and learning rate, or None without a
+  directory to write to."""
+  if not directory:
+    return None
+  return summary_host_call(directory, global_step,
+                           {'train/loss': loss, 'train/learning_rate': rate})
+
+
 def classifier_model_fn_builder(network_fn_builder, *, num_classes,
                                 optimizer='momentum', learning_rate=0.1,
                                 weight_decay=0.0, warmup_steps=0,
@@ -156,15 +178,8 @@ def classifier_model_fn_builder(network_fn_builder, *, num_classes,
     # wrapper's float32 list would do it anyway, and this keeps the head
     # correct when used with `eb.build_network` or no wrapper at all.
     logits = tf.cast(logits, tf.float32)
-    predictions = {
-        'classes': tf.argmax(logits, axis=-1, output_type=tf.int32),
-        'probabilities': tf.nn.softmax(logits),
-    }
     if mode == tf.estimator.ModeKeys.PREDICT:
-      return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
-          mode=mode, predictions=predictions,
-          export_outputs={
-              _SERVING_KEY: tf.estimator.export.PredictOutput(predictions)})
+      return _predict_spec(mode, logits)
 
     labels = tf.reshape(labels, [-1])
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
@@ -186,12 +201,9 @@ def classifier_model_fn_builder(network_fn_builder, *, num_classes,
         use_tpu=params.get('use_tpu', False))
     train_op = optimization.train_op(loss, opt, global_step=global_step,
                                      clip_norm=clip_norm)
-    host_call = None
-    directory = summary_dir or (config.model_dir if config else None)
-    if directory:
-      host_call = summary_host_call(
-          directory, global_step,
-          {'train/loss': loss, 'train/learning_rate': rate})
+    host_call = _train_host_call(
+        summary_dir or (config.model_dir if config else None), global_step,
+        loss, rate)
     return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
         mode=mode, loss=loss, train_op=train_op, host_call=host_call)
 
