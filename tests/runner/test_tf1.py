@@ -740,11 +740,11 @@ class ContribTest(tf.test.TestCase, parameterized.TestCase):
         steps += [event.step for _ in event.summary.value]
     self.assertEqual(sorted(steps), [0, 3, 6])
 
-  def test_readme_table_is_the_mapping(self):
-    with open(os.path.join(_REPO, 'README.md')) as f:
-      readme = f.read()
-    self.assertTrue(tf1.coverage_markdown() in readme,
-                    'regenerate the README table from '
+  def test_tf1_doc_table_is_the_mapping(self):
+    with open(os.path.join(_REPO, 'docs', 'tf1.md')) as f:
+      doc = f.read()
+    self.assertTrue(tf1.coverage_markdown() in doc,
+                    'regenerate the table of docs/tf1.md from '
                     'estimator_bf16.runner.tf1.coverage_markdown():\n' +
                     tf1.coverage_markdown())
 

@@ -3,7 +3,7 @@
 TensorFlow 2 removed `tf.contrib`; most of what TPUEstimator programs used
 from it lives on elsewhere (`tf.compat.v1.estimator.tpu`, `tf.data.
 experimental`, tf-slim, ...). `CONTRIB` is the one table of that mapping:
-the namespaces below, the README's coverage table
+the namespaces below, the coverage table of docs/tf1.md
 (`coverage_markdown()`), and the tests all read it.
 
 A name is looked up in a mapping's `renames` first (symbols whose home or
@@ -345,7 +345,7 @@ def contrib():
 
 
 def coverage_markdown():
-  """The README's table of the mapping: one row per contrib module."""
+  """docs/tf1.md's table of the mapping: one row per contrib module."""
   lines = ['| `tf.contrib.` | maps to | notes |', '| --- | --- | --- |']
   for name in sorted(CONTRIB):
     mapping = CONTRIB[name]
