@@ -375,9 +375,10 @@ def _targets_table(results):
 
 
 def readme_block(results):
-  """The README's results: environment, side-by-side table, targets.
+  """The results block: environment, side-by-side table, targets.
 
-  `scripts/update_readme.py` splices this between the README's markers.
+  `scripts/update_readme.py` splices this between the markers of
+  docs/benchmarks.md ("At a glance").
   """
   env = results['env']
   command = 'scripts/benchmark.py%s --out DIR' % (

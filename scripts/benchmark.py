@@ -6,10 +6,10 @@ r"""Benchmarks bfloat16 against float32: memory, speed, overhead, convergence.
 Every model runs in float32, in bfloat16 through estimator_bf16, and under
 TensorFlow's oneDNN bfloat16 rewrite of the float32 graph, side by side.
 Writes DIR/results.json (every figure), DIR/results.md (the tables, printed
-last), DIR/readme_block.md (the README's block; `scripts/update_readme.py
-DIR` puts it in place) and DIR/convergence.png (float32 vs bfloat16 loss
-curves). The method is in docs/benchmarks.md; the logic in the
-`benchmarks` package.
+last), DIR/readme_block.md (the results block of docs/benchmarks.md;
+`scripts/update_readme.py DIR` puts it in place) and DIR/convergence.png
+(float32 vs bfloat16 loss curves). The method is in docs/benchmarks.md; the
+logic in the `benchmarks` package.
 """
 
 import os

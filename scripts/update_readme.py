@@ -1,13 +1,15 @@
-r"""Splices a benchmark run's results into README.md, between markers.
+r"""Splices a benchmark run's results into docs/benchmarks.md, between markers.
 
     python scripts/benchmark.py --quick --out runs/bench
     python scripts/update_readme.py runs/bench
 
-The README's results block is rendered from the run's results.json by
+The results block ("At a glance" in docs/benchmarks.md; the README held it
+once, hence the script's name) is rendered from the run's results.json by
 `benchmarks.report.readme_block` (the run's `readme_block.md` holds the
-same text), never typed. The block must describe a CPU with native bfloat16 (AVX512-BF16 or
-AMX): on other CPUs TensorFlow emulates bfloat16, and the README keeps the
-last native run, with its date and CPU. `--allow_emulated` overrides that.
+same text), never typed. The block must describe a CPU with native
+bfloat16 (AVX512-BF16 or AMX): on other CPUs TensorFlow emulates bfloat16,
+and the document keeps the last native run, with its date and CPU.
+`--allow_emulated` overrides that. `--doc` names another document.
 """
 
 import argparse
@@ -26,23 +28,25 @@ BEGIN = '<!-- benchmark-results:begin (scripts/update_readme.py) -->'
 END = '<!-- benchmark-results:end -->'
 
 
-def splice(readme, block):
-  """Returns `readme` with the text between the markers replaced by `block`.
+def splice(doc, block):
+  """Returns `doc` with the text between the markers replaced by `block`.
 
   Raises:
     ValueError: the markers are missing or out of order.
   """
-  begin, end = readme.find(BEGIN), readme.find(END)
+  begin, end = doc.find(BEGIN), doc.find(END)
   if begin < 0 or end < begin:
-    raise ValueError('README has no %s ... %s block.' % (BEGIN, END))
-  return (readme[:begin + len(BEGIN)] + '\n' + block.rstrip('\n') + '\n' +
-          readme[end:])
+    raise ValueError('The document has no %s ... %s block.' % (BEGIN, END))
+  return (doc[:begin + len(BEGIN)] + '\n' + block.rstrip('\n') + '\n' +
+          doc[end:])
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('out', help='The --out directory of a benchmark run.')
-  parser.add_argument('--readme', default=os.path.join(_ROOT, 'README.md'))
+  parser.add_argument('--doc', '--readme', dest='doc',
+                      default=os.path.join(_ROOT, 'docs', 'benchmarks.md'),
+                      help='The Markdown file holding the markers.')
   parser.add_argument('--allow_emulated', action='store_true',
                       help='Also splice a run from a CPU without native '
                       'bfloat16.')
@@ -53,15 +57,15 @@ def main(argv=None):
   native = env.get('bfloat16_kernels_native', env.get('native_bfloat16'))
   if not native and not args.allow_emulated:
     print('Not updating %s: this run (%s, %s) had no native bfloat16, so '
-          'its speed figures mean nothing; the README keeps its last native '
-          'run.' % (args.readme, env['cpu'], env['date']))
+          'its speed figures mean nothing; the document keeps its last '
+          'native run.' % (args.doc, env['cpu'], env['date']))
     return 0
   block = report.readme_block(results)
-  with open(args.readme) as f:
-    readme = f.read()
-  with open(args.readme, 'w') as f:
-    f.write(splice(readme, block))
-  print('Updated %s from %s (%s).' % (args.readme, args.out, env['date']))
+  with open(args.doc) as f:
+    doc = f.read()
+  with open(args.doc, 'w') as f:
+    f.write(splice(doc, block))
+  print('Updated %s from %s (%s).' % (args.doc, args.out, env['date']))
   return 0
 
 

@@ -7,7 +7,8 @@ MNIST MLP at a small batch, and checks what must hold whatever the speed:
 every figure is there, each ratio is the quotient of the numbers it names,
 the rewrite really ran (it adds casts at run time), the targets are judged
 from those numbers (speed only on a CPU with native bfloat16), and the
-README block is generated and spliced. No timing is asserted.
+results block of docs/benchmarks.md is generated and spliced. No timing is
+asserted.
 """
 
 import collections
@@ -36,6 +37,7 @@ from benchmarks import step_memory
 from benchmarks import throughput
 from scripts import benchmark as benchmark_program
 from scripts import update_readme
+from tests.support import paths
 
 MiB = tpu.MiB
 
@@ -398,7 +400,7 @@ def test_targets_are_judged_from_the_numbers(outputs):
 
 
 @pytest.mark.slow
-def test_report_files_and_readme_splice(outputs, tmp_path):
+def test_report_files_and_results_block_splice(outputs, tmp_path):
   results, table, out_dir = outputs
   for name in ('results.json', 'results.md', 'convergence.png',
                'readme_block.md'):
@@ -416,30 +418,39 @@ def test_report_files_and_readme_splice(outputs, tmp_path):
   assert '%.2f' % results['models']['mnist_mlp']['ratios'][
       'memory_vs_rewrite'] in row
   assert 'mnist_mlp at batch 256' in block and 'mnist_mlp at batch 256' in table
-  readme = tmp_path / 'README.md'
-  readme.write_text('# x\n\n%s\nold table\n%s\n\nrest\n' % (
+  doc = tmp_path / 'benchmarks.md'
+  doc.write_text('# x\n\n%s\nold table\n%s\n\nrest\n' % (
       update_readme.BEGIN, update_readme.END))
-  update_readme.main([out_dir, '--readme', str(readme), '--allow_emulated'])
-  text = readme.read_text()
+  update_readme.main([out_dir, '--doc', str(doc), '--allow_emulated'])
+  text = doc.read_text()
   assert 'old table' not in text and block.strip() in text
   assert text.endswith('%s\n\nrest\n' % update_readme.END)
   with pytest.raises(ValueError):
     update_readme.splice('no markers', block)
 
 
-def test_readme_keeps_the_native_table_on_an_emulating_cpu(tmp_path):
+def test_the_results_block_is_in_docs_benchmarks():
+  # The script's default document holds the markers, once each, in order.
+  with open(os.path.join(paths.REPO, 'docs', 'benchmarks.md')) as f:
+    text = f.read()
+  assert text.count(update_readme.BEGIN) == 1
+  assert text.count(update_readme.END) == 1
+  assert update_readme.splice(text, 'x\n') != text
+
+
+def test_the_doc_keeps_the_native_table_on_an_emulating_cpu(tmp_path):
   out = tmp_path / 'run'
   out.mkdir()
   (out / 'results.json').write_text(json.dumps({'env': {
       'native_bfloat16': False, 'bfloat16_kernels_native': False,
       'cpu': 'AVX2 box', 'date': '2026-01-01 00:00 UTC'}}))
   (out / 'readme_block.md').write_text('new\n')
-  readme = tmp_path / 'README.md'
+  doc = tmp_path / 'benchmarks.md'
   before = '%s\nnative table\n%s\n' % (update_readme.BEGIN,
                                          update_readme.END)
-  readme.write_text(before)
-  assert update_readme.main([str(out), '--readme', str(readme)]) == 0
-  assert readme.read_text() == before
+  doc.write_text(before)
+  assert update_readme.main([str(out), '--doc', str(doc)]) == 0
+  assert doc.read_text() == before
 
 
 def _traced_run(graph, fetch):
