@@ -1,7 +1,7 @@
 """The package's shape: a folder per concern, one home per fact, no cycles.
 
 These hold what a reader relies on when finding their way: the tree of
-`estimator_bf16/` is the README's table of contents, no module is too long
+`estimator_bf16/` is the table of docs/layout.md, no module is too long
 to read in one sitting, imports only go one way, and a fact that several
 places need (an op type, a mode string, a precision name) is spelled once.
 """
@@ -129,17 +129,23 @@ def _package_paths():
   return sorted(path for path in _modules().values() if path != home)
 
 
-def _layout_section(readme):
-  """The README's "Repository layout" section."""
-  section = readme[readme.index('## Repository layout'):]
-  return section[:section.index('\n## ', 1)]
+def _layout_section(doc):
+  """The layout table of docs/layout.md, from its header row to its end."""
+  section = doc[doc.index('| Where | What |'):]
+  end = section.find('\n\n')
+  return section if end < 0 else section[:end]
 
 
-def _layer_order(readme):
-  """Top-level folders of the package in the README layout table's order."""
+def _layout_doc():
+  with open(os.path.join(_REPO, 'docs', 'layout.md')) as f:
+    return f.read()
+
+
+def _layer_order(doc):
+  """Top-level folders of the package in the layout table's order."""
   order = []
   for folder in re.findall(r'^\| `estimator_bf16/(\w+)/[\w/]*` \|',
-                           _layout_section(readme), re.M):
+                           _layout_section(doc), re.M):
     if folder not in order:
       order.append(folder)
   return order
@@ -341,9 +347,8 @@ class LayoutTest(tf.test.TestCase):
         visit(name, [name])
     self.assertEqual(cycles, [])
 
-  def test_folders_form_layers_in_the_readme_order(self):
-    with open(os.path.join(_REPO, 'README.md')) as f:
-      order = _layer_order(f.read())
+  def test_folders_form_layers_in_the_layout_table_order(self):
+    order = _layer_order(_layout_doc())
     folders = sorted(e for e in os.listdir(_PACKAGE)
                      if os.path.isdir(os.path.join(_PACKAGE, e)) and
                      e != '__pycache__')
@@ -368,10 +373,9 @@ class LayoutTest(tf.test.TestCase):
         'estimator_bf16/high/b.py:1 imports estimator_bf16.low.a',
         'estimator_bf16/high/b.py:2 imports estimator_bf16'])
 
-  def test_readme_layout_names_every_folder_and_module(self):
-    with open(os.path.join(_REPO, 'README.md')) as f:
-      readme = f.read()
-    self.assertEqual(layout_problems(_layout_section(readme), _PACKAGE), [])
+  def test_layout_table_names_every_folder_and_module(self):
+    self.assertEqual(layout_problems(_layout_section(_layout_doc()), _PACKAGE),
+                     [])
 
   def test_the_layout_check_sees_an_unlisted_and_a_missing_module(self):
     package = os.path.join(self.create_tempdir().full_path, 'estimator_bf16')
