@@ -220,7 +220,7 @@ def _run_in(scratch, row, recipe, tree, python, max_seconds, log,
       # finds its steps done and evaluates (or, with the recipe's
       # `eval_flags`, runs its evaluation mode). Two fresh runs differ by
       # more than the precision: TF 1.x's op seeds shift with the casts,
-      # so they start from other weights (README, Known limits).
+      # so they start from other weights (docs/limits.md).
       shutil.copytree(os.path.join(scratch, 'float32'),
                       os.path.join(scratch, 'same_weights'))
       eval_flags = [f for f in recipe.eval_flags
