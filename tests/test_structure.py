@@ -442,7 +442,8 @@ def layout_problems(section, package_dir):
 # The tests that are about the repository as a whole rather than one
 # package folder: they stay at the top of tests/.
 _REPOSITORY_TESTS = ('test_benchmark.py', 'test_corpus.py',
-                     'test_docs_commands.py', 'test_packaging.py',
+                     'test_docs_api.py', 'test_docs_commands.py',
+                     'test_packaging.py',
                      'test_structure.py', 'test_suite_setup.py')
 
 
