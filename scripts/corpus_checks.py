@@ -169,7 +169,7 @@ def metric_problems(reference, report, values=True):
     if not (math.isfinite(value) and
             abs(value - expected) <= METRIC_TOLERANCE * scale):
       problems.append('eval %s %.4g (float32 run: %.4g)' % (key, value,
-                                                           expected))
+                                                            expected))
   return problems
 
 

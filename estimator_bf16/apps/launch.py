@@ -173,9 +173,11 @@ def _describe(returncode):
 
 
 def _start_task(command, jobs, job, index, env, out, lock):
-  """Starts one task of the cluster in its own session (so that a signal
-  reaches its whole group); returns (process, the thread that will stream
-  its output, not started yet)."""
+  """Starts one task of the cluster; returns (process, its output thread).
+
+  The process gets a session of its own, so that a signal reaches its whole
+  group. The thread that streams its output is not started yet.
+  """
   task_env = dict(os.environ if env is None else env)
   task_env['TF_CONFIG'] = cluster_lib.tf_config(jobs, job, index)
   task_env['PYTHONUNBUFFERED'] = '1'

@@ -128,21 +128,26 @@ def _micro_batch(train_batch_size, steps, use_tpu, distribute, tpu_cores):
 
 
 def _run_config(tpu_lib, model_dir, use_tpu, tpu, distribute,
-                eval_distribute, num_shards, settings):
-  """The estimator's `RunConfig`, with its `TPUConfig`, for `tpu_lib`."""
-  save_checkpoints_secs = settings.save_checkpoints_secs
-  if settings.save_checkpoints_steps is None and save_checkpoints_secs is None:
+                eval_distribute, num_shards, estimator_options):
+  """The estimator's `RunConfig`, with its `TPUConfig`, for `tpu_lib`.
+
+  `estimator_options` is the `EstimatorOptions` of the estimator.
+  """
+  save_checkpoints_secs = estimator_options.save_checkpoints_secs
+  if (estimator_options.save_checkpoints_steps is None and
+      save_checkpoints_secs is None):
     # RunConfig's own default; passing both as None would switch
     # checkpointing off entirely, final checkpoint included.
     save_checkpoints_secs = 600
   cluster = None
   if use_tpu:
     cluster = tf.distribute.cluster_resolver.TPUClusterResolver(
-        tpu, zone=settings.tpu_zone, project=settings.gcp_project)
+        tpu, zone=estimator_options.tpu_zone,
+        project=estimator_options.gcp_project)
   tpu_config = tpu_lib.TPUConfig(
-      iterations_per_loop=settings.iterations_per_loop,
+      iterations_per_loop=estimator_options.iterations_per_loop,
       num_shards=num_shards,
-      num_cores_per_replica=settings.num_cores_per_replica,
+      num_cores_per_replica=estimator_options.num_cores_per_replica,
       per_host_input_for_training=(
           tpu_lib.InputPipelineConfig.PER_HOST_V2 if use_tpu
           else tpu_lib.InputPipelineConfig.PER_HOST_V1))
@@ -153,13 +158,13 @@ def _run_config(tpu_lib, model_dir, use_tpu, tpu, distribute,
   return tpu_lib.RunConfig(
       cluster=cluster, **distribute_args,
       model_dir=model_dir,
-      save_checkpoints_steps=settings.save_checkpoints_steps,
+      save_checkpoints_steps=estimator_options.save_checkpoints_steps,
       save_checkpoints_secs=save_checkpoints_secs,
-      keep_checkpoint_max=settings.keep_checkpoint_max,
-      save_summary_steps=settings.save_summary_steps,
-      log_step_count_steps=settings.log_step_count_steps,
-      tf_random_seed=settings.tf_random_seed,
-      session_config=settings.session_config,
+      keep_checkpoint_max=estimator_options.keep_checkpoint_max,
+      save_summary_steps=estimator_options.save_summary_steps,
+      log_step_count_steps=estimator_options.log_step_count_steps,
+      tf_random_seed=estimator_options.tf_random_seed,
+      session_config=estimator_options.session_config,
       tpu_config=tpu_config)
 
 
@@ -176,31 +181,46 @@ def _options_of(options, estimator_options):
   return options, estimator_options
 
 
-def _check_place(model_dir, use_tpu, tpu, distribute):
-  """Checks where the estimator runs and writes; returns the strategy."""
-  if not model_dir:
-    raise ValueError('model_dir is required: checkpoints and summaries go '
-                     'there.')
+def _check_strategy(use_tpu, distribute):
+  """`distribute` checked (None, or a strategy for CPUs and GPUs)."""
   distribute = compat_distribute.check_strategy(distribute, 'distribute')
   if distribute is not None and use_tpu:
     raise ValueError('distribute=... is for CPUs and GPUs; a TPU runs data '
                      'parallel through TPUEstimator itself (use_tpu=True, '
                      'num_shards), without a strategy.')
-  if use_tpu and not tpu:
-    raise ValueError("use_tpu=True needs tpu: the TPU's name, address, or "
-                     "'local' on a TPU VM.")
   return distribute
 
 
-def _check_batch_sizes(use_tpu, settings, **batches):
-  """Checks the global batch sizes; returns the TPU cores (None off one)."""
-  options_lib.check_positive('train_batch_size', batches['train_batch_size'])
-  for name in ('eval_batch_size', 'predict_batch_size'):
-    options_lib.check_positive(name, batches[name], allow_none=True)
-  num_shards = settings.num_shards
+def _check_sizes_and_dir(batches, model_dir):
+  """Checks the global batch sizes ({argument name: size}), then model_dir."""
+  for name, batch in batches.items():
+    options_lib.check_positive(name, batch,
+                               allow_none=name != 'train_batch_size')
+  if not model_dir:
+    raise ValueError('model_dir is required: checkpoints and summaries go '
+                     'there.')
+
+
+def _tpu_shards(use_tpu, tpu, estimator_options, batches):
+  """The TPU cores the batches are split over, checked.
+
+  Args:
+    use_tpu, tpu: as `make_tpu_estimator` got them.
+    estimator_options: the `EstimatorOptions` (num_shards and
+      num_cores_per_replica).
+    batches: {argument name: global batch size or None}.
+
+  Returns:
+    `num_shards`, or one board's cores on a TPU when it is None.
+  """
+  if use_tpu and not tpu:
+    raise ValueError("use_tpu=True needs tpu: the TPU's name, address, or "
+                     "'local' on a TPU VM.")
+  num_shards = estimator_options.num_shards
   if use_tpu and num_shards is None:
     num_shards = tpu_facts.TPU_CORES_PER_BOARD
-  _check_batches(use_tpu, num_shards, settings.num_cores_per_replica, batches)
+  _check_batches(use_tpu, num_shards,
+                 estimator_options.num_cores_per_replica, batches)
   return num_shards
 
 
@@ -231,12 +251,10 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
       e.g. from `eb.make_strategy`; needs `use_tpu=False`. Training is then
       data parallel on the compat backend, gradients all-reduced in
       float32; docs/distribute.md says what runs where.
-    options: an `eb.WrapOptions` (audit, feature keys never cast, the
-      levers, the CPU kernel choice; see `wrap_model_fn`), or None for its
-      defaults.
-    estimator_options: an `eb.EstimatorOptions` (TPU loop and cores,
-      checkpoints, summaries, seed, session config, backend, the numeric
-      guard), or None for its defaults.
+    options: an `eb.WrapOptions` (audit, exclude, levers, kernels), or
+      None for its defaults.
+    estimator_options: an `eb.EstimatorOptions` (TPU loop, checkpoints,
+      seed, backend, numeric guard, ...), or None for its defaults.
 
   Returns:
     A `tf.compat.v1.estimator.tpu.TPUEstimator`, or an
@@ -250,37 +268,39 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     TypeError: `options` or `estimator_options` of another type.
   """
   precision = policy.parse_precision(precision)
-  options, settings = _options_of(options, estimator_options)
-  distribute = _check_place(model_dir, use_tpu, tpu, distribute)
-  backend, tpu_lib = _tpu_module(settings.backend, distribute)
-  num_shards = _check_batch_sizes(
-      use_tpu, settings, train_batch_size=train_batch_size,
-      eval_batch_size=eval_batch_size, predict_batch_size=predict_batch_size)
+  options, estimator_options = _options_of(options, estimator_options)
+  distribute = _check_strategy(use_tpu, distribute)
+  backend, tpu_lib = _tpu_module(estimator_options.backend, distribute)
+  batches = {'train_batch_size': train_batch_size,
+             'eval_batch_size': eval_batch_size,
+             'predict_batch_size': predict_batch_size}
+  _check_sizes_and_dir(batches, model_dir)
   params = _model_fn_params(params, precision)
+  num_shards = _tpu_shards(use_tpu, tpu, estimator_options, batches)
   eval_distribute = _eval_distribute(distribute, train_batch_size,
                                      eval_batch_size)
   micro_batch = _micro_batch(
       train_batch_size, options.gradient_accumulation_steps, use_tpu,
-      distribute, (num_shards, settings.num_cores_per_replica))
+      distribute, (num_shards, estimator_options.num_cores_per_replica))
   if use_tpu and backend == backend_lib.COMPAT_BACKEND:
     # After the argument checks (they hold whatever runs the job), before
     # any TPU resolver is built: fail with the way out.
     raise ValueError(compat_tpu.USE_TPU_MESSAGE % tf.__version__)
   config = _run_config(tpu_lib, model_dir, use_tpu, tpu, distribute,
-                       eval_distribute, num_shards, settings)
+                       eval_distribute, num_shards, estimator_options)
   if not use_tpu and precision.bfloat16:
     cpu_bfloat16.warn_if_emulated(kernels=options.kernels)  # Once a process.
-  if settings.numeric_guard:
+  if estimator_options.numeric_guard:
     model_fn = guards.guard_model_fn(model_fn)
   estimator = tpu_lib.TPUEstimator(
       model_fn=wrappers.wrap_model_fn(model_fn, precision, options),
       config=config, use_tpu=use_tpu, train_batch_size=micro_batch,
       eval_batch_size=eval_batch_size,
       predict_batch_size=predict_batch_size, params=params,
-      export_to_tpu=settings.export_to_tpu,
+      export_to_tpu=estimator_options.export_to_tpu,
       # Without a TPU there is nothing to choose, and TPUEstimator warns
       # that it ignores eval_on_tpu=True.
-      eval_on_tpu=settings.eval_on_tpu and use_tpu)
-  if settings.numeric_guard:
+      eval_on_tpu=estimator_options.eval_on_tpu and use_tpu)
+  if estimator_options.numeric_guard:
     guards.raise_guard_errors(estimator)
   return estimator

@@ -20,6 +20,7 @@ from typing import Any, Optional, Tuple
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.levers import apply
 from estimator_bf16.platform import backend as backend_lib
+from estimator_bf16.precision import casting
 from estimator_bf16.safety import audit as audit_lib
 
 
@@ -29,13 +30,17 @@ def _check_audit(audit):
                      (', '.join(repr(a) for a in audit_lib.AUDIT_MODES), audit))
 
 
-def _check_exclude(exclude):
-  """`exclude` as a tuple of feature keys; a bare string is refused, since
-  iterating it would exclude its letters."""
-  if isinstance(exclude, str) or not all(isinstance(k, str) for k in exclude):
+def _exclude_keys(exclude):
+  """`exclude` as a tuple of feature keys, as `cast_features` reads it.
+
+  None is no key and a lone string is one key; anything else but strings
+  is refused.
+  """
+  keys = casting.as_keys(exclude)
+  if not all(isinstance(key, str) for key in keys):
     raise ValueError('exclude must be a list of feature keys, got %r.' %
                      (exclude,))
-  return tuple(exclude)
+  return keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +52,8 @@ class WrapOptions:
       the TRAIN graph (16-bit variables, a non-float32 loss, mixed-dtype ops,
       less than `audit.MIN_BFLOAT16_SHARE` of matmul/conv FLOPs in
       bfloat16); `'warn'` logs it; `'off'` skips the audit.
-    exclude: feature keys that stay as they are (see `cast_features`); a
-      tuple of str (a list is taken and stored as a tuple).
+    exclude: feature keys that stay as they are (see `cast_features`),
+      stored as a tuple of str (a list, one key or None are taken).
     gradient_accumulation_steps: K >= 1. Each update applies the mean
       gradient of K micro-batches (`estimator_bf16.levers`); `global_step`,
       `max_steps` and schedules count updates. Under `wrap_model_fn` alone
@@ -79,7 +84,7 @@ class WrapOptions:
   def __post_init__(self):
     _check_audit(self.audit)
     # Frozen: the one normalisation goes through object.__setattr__.
-    object.__setattr__(self, 'exclude', _check_exclude(self.exclude))
+    object.__setattr__(self, 'exclude', _exclude_keys(self.exclude))
     apply.check_levers(self.gradient_accumulation_steps, self.recompute)
     cpu_kernels.parse_kernels(self.kernels)
 
@@ -121,9 +126,11 @@ class EstimatorOptions:
       tensors (TensorFlow's `InvalidArgumentError` is its `__cause__`).
 
   Raises:
-    ValueError: on construction, for a count that is not a positive
-      integer; an unknown backend is refused by `make_tpu_estimator`,
-      which knows the TensorFlow and strategy it runs with.
+    ValueError: on construction, for an `iterations_per_loop`,
+      `num_shards` or `num_cores_per_replica` that is not a positive
+      integer. An unknown backend is refused by `make_tpu_estimator`,
+      which knows the TensorFlow and strategy it runs with; the other
+      fields are checked by `RunConfig`.
   """
   iterations_per_loop: int = 100
   num_shards: Optional[int] = None
@@ -146,7 +153,7 @@ class EstimatorOptions:
     check_positive('iterations_per_loop', self.iterations_per_loop)
     check_positive('num_shards', self.num_shards, allow_none=True)
     check_positive('num_cores_per_replica', self.num_cores_per_replica,
-                    allow_none=True)
+                   allow_none=True)
 
 
 # The defaults, for flags that must show the same ones.

@@ -84,8 +84,7 @@ def wrap_model_fn(model_fn, precision, options=None):
     kwargs = calling.model_fn_kwargs(accepted, labels, mode, params, config)
     with slim_repair.tf_slim_repaired(), autocast_lib.autocast(precision), \
         cpu_kernels.kernels(kernels):
-      features = casting.cast_features(features, precision,
-                                         options.exclude)
+      features = casting.cast_features(features, precision, options.exclude)
       with scope_lib.bfloat16_scope(precision):
         spec = model_fn(features=features, **kwargs)
     # The loss as computed: a float32 loss that TensorFlow's loss code cast

@@ -108,13 +108,20 @@ def summary_host_call(summary_dir, global_step, scalars, max_queue=100):
   return host_fn, tensors
 
 
-def _predict_spec(mode, logits):
-  """The PREDICT spec of float32 [B, C] `logits`: 'classes' int32 [B] and
-  'probabilities' float32 [B, C], also as the serving signature."""
-  predictions = {
+def _predictions(logits):
+  """The predictions of float32 [B, C] `logits`.
+
+  Returns:
+    {'classes': int32 [B], 'probabilities': float32 [B, C]}.
+  """
+  return {
       'classes': tf.argmax(logits, axis=-1, output_type=tf.int32),
       'probabilities': tf.nn.softmax(logits),
   }
+
+
+def _predict_spec(mode, predictions):
+  """The PREDICT spec of `predictions`, also the serving signature."""
   return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
       mode=mode, predictions=predictions,
       export_outputs={
@@ -122,8 +129,10 @@ def _predict_spec(mode, logits):
 
 
 def _train_host_call(directory, global_step, loss, rate):
-  """The TRAIN host_call writing loss and learning rate, or None without a
-  directory to write to."""
+  """The TRAIN host_call writing loss and learning rate to `directory`.
+
+  None without a directory to write to.
+  """
   if not directory:
     return None
   return summary_host_call(directory, global_step,
@@ -178,8 +187,9 @@ def classifier_model_fn_builder(network_fn_builder, *, num_classes,
     # wrapper's float32 list would do it anyway, and this keeps the head
     # correct when used with `eb.build_network` or no wrapper at all.
     logits = tf.cast(logits, tf.float32)
+    predictions = _predictions(logits)
     if mode == tf.estimator.ModeKeys.PREDICT:
-      return _predict_spec(mode, logits)
+      return _predict_spec(mode, predictions)
 
     labels = tf.reshape(labels, [-1])
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(

@@ -96,7 +96,7 @@ def cast_features(features, precision, exclude=()):
     ValueError: if `precision` is not one of `PRECISIONS`.
   """
   dtype = policy.compute_dtype(precision)
-  exclude = frozenset(_as_keys(exclude))
+  exclude = frozenset(as_keys(exclude))
   with tf.name_scope('cast_features'):
     return map_floating(features, dtype, exclude)
 
@@ -116,7 +116,8 @@ def to_float32(structure):
   return map_floating(structure, tf.float32)
 
 
-def _as_keys(exclude):
+def as_keys(exclude):
+  """`exclude` (None, a key, or an iterable of keys) as a tuple of keys."""
   if isinstance(exclude, str):
     # A lone string would otherwise be taken as a set of one-letter keys.
     return (exclude,)

@@ -89,7 +89,7 @@ def _micro_batch(run, arguments):
 
   The program's `train_batch_size` stays the effective batch of an
   update (what `eb.make_tpu_estimator` does with
-  `gradient_accumulation_steps`). A plain Estimator has no batch
+  `WrapOptions.gradient_accumulation_steps`). A plain Estimator has no batch
   argument: its input_fn's batch is the micro-batch. On a TPU the input_fn
   keeps the update's batch and each step of the device loop splits it
   (`levers.device_accumulation`).

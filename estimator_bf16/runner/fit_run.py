@@ -2,7 +2,7 @@
 
     planning, result = fit_run.run_with_fit(
         'run_classifier.py', ['--do_train=true', ...],
-        budget_bytes=fit.parse_size('6GiB'))
+        budget_bytes=fit_lib.parse_size('6GiB'))
     result.fit.chosen        # the levers it trained with
     result.peak_tensor_bytes # measured, to compare with the plan and budget
 
@@ -11,7 +11,7 @@ its first `train` call, with scratch model_dirs, so nothing is trained or
 written; that gives the TRAIN graph, whose step is planned under every
 lever combination (`planning.fit_plans`, for this machine). Then, if an
 option fits, whole, with the cheapest one's precision, accumulation and
-recompute, and with the step's memory measured (`peak_memory`). Whatever
+recompute, and with the step's memory measured (`memory/peak.py`). Whatever
 the program prints before its first `train` call is therefore printed
 twice.
 """
@@ -56,7 +56,10 @@ def run_with_fit(program, args=(), *, budget_bytes,
                        for precision in precisions)
   except ValueError as e:
     raise runner.ProgramError('--precision: %s' % e)
-  if (options.gradient_accumulation_steps != 1 or options.recompute):
+  if not isinstance(options, options_lib.WrapOptions):
+    raise runner.ProgramError('options must be an eb.WrapOptions, got %r.' %
+                              (options,))
+  if options.gradient_accumulation_steps != 1 or options.recompute:
     raise runner.ProgramError(
         'the fit chooses gradient accumulation and recomputation itself; '
         'give options without them.')

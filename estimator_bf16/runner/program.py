@@ -68,9 +68,6 @@ def _check_options(program, precision, options, tf1, tf1_paths, seed):
   if tf1 not in (None, True, False):
     raise ProgramError('tf1 must be None (detect), True or False, got %r.' %
                        (tf1,))
-  if seed is not None and (isinstance(seed, bool) or
-                           not isinstance(seed, int) or seed < 0):
-    raise ProgramError('--seed must be an integer >= 0, got %r.' % (seed,))
   for folder in tf1_paths:
     if not os.path.isdir(folder):
       raise ProgramError('--tf1_path %s: no such folder.' % folder)
@@ -79,6 +76,9 @@ def _check_options(program, precision, options, tf1, tf1_paths, seed):
   if not os.path.isfile(program):
     raise ProgramError('%s is not a file: give the Python program to run.' %
                        program)
+  if seed is not None and (isinstance(seed, bool) or
+                           not isinstance(seed, int) or seed < 0):
+    raise ProgramError('--seed must be an integer >= 0, got %r.' % (seed,))
   return precision
 
 
@@ -102,8 +102,10 @@ def _plan(result, plan_fn):
 
 
 def _compile(result, xla_fn):
-  """Runs `xla_fn` on the caught TRAIN graph into `result.xla`, or the
-  one-line reason it failed into `result.xla_error`."""
+  """Runs `xla_fn` on the caught TRAIN graph into `result.xla`.
+
+  A failure's one-line reason goes to `result.xla_error` instead.
+  """
   if result.train_graph is None:
     return
   try:
@@ -182,7 +184,9 @@ def run_program(program, args=(), precision=policy.DEFAULT_PRECISION,
     stderr, as Python prints it, and kept in `error`.
 
   Raises:
-    ProgramError: the program is missing, or an option is bad; nothing ran.
+    ProgramError: the program is missing, or an option is bad (`options`
+      not a `WrapOptions`; its fields were checked when it was made);
+      nothing ran.
   """
   precision = _check_options(program, precision, options, tf1, tf1_paths,
                              seed)

@@ -79,8 +79,9 @@ class RunResult:
       0 if not measured.
     peak_tensor_bytes: measured peak of the same step's tensors: variables
       plus what the step allocated, at the bytes each asked for
-      (`peak_memory.live_tensor_peak`); what the planner plans. 0 if not
-      measured. The largest over the program's `train` calls.
+      (`estimator_bf16.memory.peak.live_tensor_peak`); what the planner
+      plans. 0 if not measured. The largest over the program's `train`
+      calls.
     train_peak_tensor_bytes: the same for each `train` call, in order.
     local_resolvers: how many empty-name TPU resolvers got the stand-in.
     train_graph: in check mode, the first TRAIN graph (None if none built).
@@ -102,7 +103,7 @@ class RunResult:
       the option that forced it, or what was read without finding one.
     gradient_accumulation_steps: K, micro-batches per update.
     recompute: whether activations were recomputed in backprop.
-    kernels: 'auto' or 'bfloat16', as `run_program` was given.
+    kernels: 'auto' or 'bfloat16', as the run's `WrapOptions` held.
     seed: the graph-level seed every Estimator got (`run --seed`), or None.
     micro_batches: for each TPUEstimator with K > 1, (train_batch_size as
       the program gave it, the micro-batch it trained at).

@@ -54,7 +54,6 @@ class ProgramRun(object):
     precision: the run's `Precision`, as `run_program` parsed it.
     options: the run's `eb.WrapOptions` (audit, exclude, levers, kernels).
     memory, check: the `run_program` options.
-    steps: gradient accumulation steps K (1: none), `options`'.
     result: the `RunResult` being filled in.
     estimators: the Estimators constructed under this run (weakly held).
     hooks: the `PeakMemoryHook` of each `train` call, in order.
@@ -65,7 +64,6 @@ class ProgramRun(object):
   def __init__(self, options, memory, check, result):
     self.precision = result.precision
     self.options = options
-    self.steps = options.gradient_accumulation_steps
     self.memory = memory
     self.check = check
     self.result = result
@@ -78,6 +76,11 @@ class ProgramRun(object):
     self._scratch = None
     # RunConfig.tf_random_seed of every Estimator, or None (the program's).
     self.seed = result.seed
+
+  @property
+  def steps(self):
+    """Gradient accumulation steps K (1: none), the options' value."""
+    return self.options.gradient_accumulation_steps
 
   def scratch_dir(self):
     """A fresh folder for check mode's model_dirs; see `close`."""

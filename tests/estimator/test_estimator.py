@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.platform import tpu
-from estimator_bf16.safety import audit
+from estimator_bf16.platform import tpu as tpu_facts
+from estimator_bf16.safety import audit as audit_lib
 from tests.support import legacy_model
 from tests.support import scratch
 
@@ -84,7 +84,7 @@ class GraphTest(tf.test.TestCase, parameterized.TestCase):
       for op in by_type[kind]:
         # As a TPU runs it: a conv gradient this CPU computes in float32
         # from bfloat16 (autocast.cpu_kernels) counts as bfloat16.
-        self.assertEqual(audit.compute_dtype(op), tf.bfloat16, op.name)
+        self.assertEqual(audit_lib.compute_dtype(op), tf.bfloat16, op.name)
     for kind in ('SparseSoftmaxCrossEntropyWithLogits',):
       for op in by_type[kind]:
         self.assertEqual(op.get_attr('T'), tf.float32, op.name)
@@ -242,20 +242,29 @@ class MakeEstimatorErrorsTest(tf.test.TestCase, parameterized.TestCase):
                       train_batch_size=12), 'not divisible by the 8 replicas'),
       ('reserved', dict(params={'batch_size': 3}), 'must not set batch_size'),
       ('no_model_dir', dict(model_dir=''), 'model_dir is required'),
-      ('wrap_options', dict(options={'audit': 'warn'}),
-       'options must be an eb.WrapOptions'),
-      ('estimator_options', dict(estimator_options=eb.WrapOptions()),
-       'estimator_options must be an eb.EstimatorOptions'))
+      ('batch_before_dir', dict(model_dir='', train_batch_size=0),
+       'train_batch_size must be'))
   def test_bad_arguments(self, overrides, message):
     kwargs = dict(model_dir=self.create_tempdir().full_path,
                   precision='bfloat16', train_batch_size=32)
     kwargs.update(overrides)
-    with self.assertRaisesRegex((ValueError, TypeError), message):
+    with self.assertRaisesRegex(ValueError, message):
       eb.make_tpu_estimator(legacy_model.model_fn, **kwargs)
 
   @parameterized.named_parameters(
+      ('wrap_options', dict(options={'audit': 'warn'}),
+       'options must be an eb.WrapOptions'),
+      ('estimator_options', dict(estimator_options=eb.WrapOptions()),
+       'estimator_options must be an eb.EstimatorOptions'))
+  def test_options_of_another_type(self, overrides, message):
+    with self.assertRaisesRegex(TypeError, message):
+      eb.make_tpu_estimator(
+          legacy_model.model_fn, model_dir=self.create_tempdir().full_path,
+          precision='bfloat16', train_batch_size=32, **overrides)
+
+  @parameterized.named_parameters(
       ('audit', eb.WrapOptions, dict(audit='loud'), 'audit must be one of'),
-      ('exclude', eb.WrapOptions, dict(exclude='image'),
+      ('exclude', eb.WrapOptions, dict(exclude=['image', 3]),
        'exclude must be a list of feature keys'),
       ('steps', eb.WrapOptions, dict(gradient_accumulation_steps=0),
        'gradient_accumulation_steps must be'),
@@ -275,6 +284,11 @@ class MakeEstimatorErrorsTest(tf.test.TestCase, parameterized.TestCase):
   def test_options_keep_one_default_each(self):
     # The flags of `run`/`check` and the training CLI read these values.
     self.assertEqual(eb.WrapOptions(exclude=['image']).exclude, ('image',))
+    # As cast_features reads exclude: one key, none, or any iterable.
+    self.assertEqual(eb.WrapOptions(exclude='image').exclude, ('image',))
+    self.assertEqual(eb.WrapOptions(exclude=None).exclude, ())
+    self.assertEqual(
+        eb.WrapOptions(exclude=(k for k in ('a', 'b'))).exclude, ('a', 'b'))
     self.assertEqual(
         eb.WrapOptions(),
         eb.WrapOptions(audit='strict', exclude=(),
@@ -291,14 +305,14 @@ class MakeEstimatorErrorsTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_tpu_batch_error_counts_replicas(self):
     # estimator_bf16/apps/training.py checks its flags with the same function.
-    self.assertIsNone(tpu.tpu_batch_error(16))
+    self.assertIsNone(tpu_facts.tpu_batch_error(16))
     self.assertIn('by the 8 replicas (num_shards=8):',
-                  tpu.tpu_batch_error(12))
-    self.assertIsNone(tpu.tpu_batch_error(
-        12, num_shards=8, num_cores_per_replica=2))
-    self.assertIn('by the 4 replicas (num_shards=8 / num_cores_per_replica=2)',
-                  tpu.tpu_batch_error(
-                      10, num_shards=8, num_cores_per_replica=2))
+                  tpu_facts.tpu_batch_error(12))
+    self.assertIsNone(
+        tpu_facts.tpu_batch_error(12, num_shards=8, num_cores_per_replica=2))
+    self.assertIn(
+        'by the 4 replicas (num_shards=8 / num_cores_per_replica=2)',
+        tpu_facts.tpu_batch_error(10, num_shards=8, num_cores_per_replica=2))
 
 
 if __name__ == '__main__':
