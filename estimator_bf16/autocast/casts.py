@@ -83,20 +83,20 @@ def _rearranged_bfloat16_source(value, depth=4):
 
 def cast_half_inputs(op_def, keywords, dtype):
   """Casts every bfloat16/float16 type-attr input to `dtype` (float32)."""
-  for group in op_inputs.typed_slots(op_def, keywords).values():
-    for slot in group:
-      value = op_inputs.get(keywords, slot)
+  for group in op_inputs.typed_inputs(op_def, keywords).values():
+    for place in group:
+      value = op_inputs.get(keywords, place)
       if op_inputs.dtype_of(value) in rounding.HALF_DTYPES:
-        op_inputs.put(keywords, slot, cast(value, dtype))
+        op_inputs.put(keywords, place, cast(value, dtype))
 
 
 def cast_float32_inputs(op_def, keywords):
   """Casts every float32 type-attr input to bfloat16."""
-  for group in op_inputs.typed_slots(op_def, keywords).values():
-    for slot in group:
-      value = op_inputs.get(keywords, slot)
+  for group in op_inputs.typed_inputs(op_def, keywords).values():
+    for place in group:
+      value = op_inputs.get(keywords, place)
       if op_inputs.dtype_of(value) == tf.float32:
-        op_inputs.put(keywords, slot, cast(value, tf.bfloat16))
+        op_inputs.put(keywords, place, cast(value, tf.bfloat16))
 
 
 def cast_fixed_type_args(op_def, keywords):
@@ -119,8 +119,8 @@ def cast_fixed_type_args(op_def, keywords):
 
 def unify_mixed_inputs(op_def, keywords):
   """Gives each type group that mixes float32 and bfloat16 one dtype."""
-  for group in op_inputs.typed_slots(op_def, keywords).values():
-    values = [(slot, op_inputs.get(keywords, slot)) for slot in group]
+  for group in op_inputs.typed_inputs(op_def, keywords).values():
+    values = [(place, op_inputs.get(keywords, place)) for place in group]
     dtypes = {op_inputs.dtype_of(v) for _, v in values} - {None}
     if tf.bfloat16 not in dtypes or not dtypes <= FLOATS:
       continue
@@ -132,14 +132,14 @@ def unify_mixed_inputs(op_def, keywords):
       target = tf.bfloat16  # A number first would otherwise fix float32.
     else:
       continue
-    for slot, value in values:
+    for place, value in values:
       have = op_inputs.dtype_of(value)
       if have is not None:
         if have != target:
-          op_inputs.put(keywords, slot, cast(value, target))
+          op_inputs.put(keywords, place, cast(value, target))
       elif op_inputs.is_number(value):
         try:
-          op_inputs.put(keywords, slot,
+          op_inputs.put(keywords, place,
                         tf.convert_to_tensor(value, dtype=target))
         except (TypeError, ValueError):
           pass  # Left for TensorFlow to convert, or to reject, as usual.
@@ -147,10 +147,10 @@ def unify_mixed_inputs(op_def, keywords):
 
 def _ref_dtype(keywords, group):
   """The dtype of the group's reference input: an assignment keeps it."""
-  for slot in group:
-    arg, _ = slot
+  for place in group:
+    arg, _ = place
     if arg.is_ref:
-      return op_inputs.dtype_of(op_inputs.get(keywords, slot))
+      return op_inputs.dtype_of(op_inputs.get(keywords, place))
   return tf.float32
 
 

@@ -113,9 +113,10 @@ def substitutes(op_type):
 
 def _half_type_attrs(op_def, keywords):
   """The type attributes that bfloat16 inputs of the op set."""
-  return {attr for attr, group in op_inputs.typed_slots(op_def, keywords).items()
-          if any(op_inputs.dtype_of(op_inputs.get(keywords, slot)) ==
-                 tf.bfloat16 for slot in group)}
+  groups = op_inputs.typed_inputs(op_def, keywords)
+  return {attr for attr, group in groups.items()
+          if any(op_inputs.dtype_of(op_inputs.get(keywords, place)) ==
+                 tf.bfloat16 for place in group)}
 
 
 def has_bfloat16_input(op_def, keywords):
@@ -199,11 +200,11 @@ def build_substituted(op_def, op_type, name, keywords):
   half_attrs = _half_type_attrs(op_def, keywords)
   input_ops = _input_ops(keywords)
   for attr in half_attrs:
-    for slot in op_inputs.typed_slots(op_def, keywords)[attr]:
-      value = op_inputs.get(keywords, slot)
+    for place in op_inputs.typed_inputs(op_def, keywords)[attr]:
+      value = op_inputs.get(keywords, place)
       if op_inputs.dtype_of(value) == tf.bfloat16:
         others = [op for op in input_ops if op is not value.op]
-        op_inputs.put(keywords, slot, _float32_input(value, others))
+        op_inputs.put(keywords, place, _float32_input(value, others))
   structure, stateful, op, outputs = state.original_apply_op(
       op_type, name=name, **keywords)
   _mark(op, kind)

@@ -112,9 +112,9 @@ def float32_keep_dtype(op_def, op_type, name, keywords):
     `_apply_op_helper`'s 4-tuple; its outputs are 16-bit roundings of the
     float32 results (remembered as such) when an input was 16-bit.
   """
-  dtypes = [op_inputs.dtype_of(op_inputs.get(keywords, slot))
-            for group in op_inputs.typed_slots(op_def, keywords).values()
-            for slot in group]
+  dtypes = [op_inputs.dtype_of(op_inputs.get(keywords, place))
+            for group in op_inputs.typed_inputs(op_def, keywords).values()
+            for place in group]
   half = next((d for d in dtypes if d in rounding.HALF_DTYPES), None)
   if half is None:
     return state.original_apply_op(op_type, name=name, **keywords)
@@ -198,9 +198,9 @@ def float32_twin(op_def, op_type, keywords, result):
     return
   twin = dict(keywords)
   rounded = False
-  for group in op_inputs.typed_slots(op_def, twin).values():
-    for slot in group:
-      value = op_inputs.get(twin, slot)
+  for group in op_inputs.typed_inputs(op_def, twin).values():
+    for place in group:
+      value = op_inputs.get(twin, place)
       dtype = op_inputs.dtype_of(value)
       if dtype == tf.bfloat16:
         original = rounding.float32_original(value)
@@ -213,7 +213,7 @@ def float32_twin(op_def, op_type, keywords, result):
         value = tf.constant(value, tf.float32)
       elif dtype != tf.float32:
         return
-      op_inputs.put(twin, slot, value)
+      op_inputs.put(twin, place, value)
   if not rounded:
     return
   twin_result = state.original_apply_op(op_type, name=result[2].name.split(

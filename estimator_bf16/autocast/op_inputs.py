@@ -1,8 +1,10 @@
-"""An op's inputs as slots, grouped by the type attribute they share.
+"""An op's inputs by place, grouped by the type attribute they share.
 
 The rules see an op as its `OpDef` and the keyword arguments given to
-`_apply_op_helper`. Inputs that share a type attribute (`T`) must end up
-with one dtype; a list input (AddN's, ConcatV2's) is one slot per element.
+`_apply_op_helper`. An input's place is (its `OpDef` argument, the index
+in a list input or None). Inputs that share a type attribute (`T`) must
+end up with one dtype; a list input (AddN's, ConcatV2's) has one place per
+element.
 Also the two questions every rule asks of a value: its dtype, and whether
 it is a plain Python or NumPy number.
 """
@@ -11,18 +13,18 @@ import numpy as np
 import tensorflow as tf
 
 
-def typed_slots(op_def, keywords):
+def typed_inputs(op_def, keywords):
   """{type attr: [(arg, index or None)]} for the op's type-attr inputs.
 
   Lists (`number_attr` inputs such as AddN's or ConcatV2's) are made
-  mutable lists in `keywords`, one slot per element.
+  mutable lists in `keywords`, one place per element.
 
   Args:
     op_def: the op's `OpDef` proto.
     keywords: the op's keyword arguments (changed in place, see above).
 
   Returns:
-    A dict from type attribute name to the slots typed by it.
+    A dict from type attribute name to the places typed by it.
   """
   groups = {}
   for arg in op_def.input_arg:
@@ -31,23 +33,23 @@ def typed_slots(op_def, keywords):
     value = keywords[arg.name]
     if arg.number_attr and isinstance(value, (list, tuple)):
       keywords[arg.name] = list(value)
-      arg_slots = [(arg, i) for i in range(len(value))]
+      arg_places = [(arg, i) for i in range(len(value))]
     else:
-      arg_slots = [(arg, None)]
-    groups.setdefault(arg.type_attr, []).extend(arg_slots)
+      arg_places = [(arg, None)]
+    groups.setdefault(arg.type_attr, []).extend(arg_places)
   return groups
 
 
-def get(keywords, slot):
-  """The value in `slot` of `keywords`."""
-  arg, index = slot
+def get(keywords, place):
+  """The value in `place` of `keywords`."""
+  arg, index = place
   value = keywords[arg.name]
   return value if index is None else value[index]
 
 
-def put(keywords, slot, value):
-  """Replaces the value in `slot` of `keywords` by `value`."""
-  arg, index = slot
+def put(keywords, place, value):
+  """Replaces the value in `place` of `keywords` by `value`."""
+  arg, index = place
   if index is None:
     keywords[arg.name] = value
   else:

@@ -54,13 +54,13 @@ def compare_float32_originals(op_def, keywords):
     op_def: the comparison's `OpDef` proto.
     keywords: its keyword arguments, changed in place.
   """
-  for group in op_inputs.typed_slots(op_def, keywords).values():
-    values = [(slot, op_inputs.get(keywords, slot)) for slot in group]
+  for group in op_inputs.typed_inputs(op_def, keywords).values():
+    values = [(place, op_inputs.get(keywords, place)) for place in group]
     originals = [rounding.float32_original(value) for _, value in values]
     if all(original is None for original in originals):
       continue
-    for (slot, value), original in zip(values, originals):
+    for (place, value), original in zip(values, originals):
       if original is not None:
-        op_inputs.put(keywords, slot, original)
+        op_inputs.put(keywords, place, original)
       elif op_inputs.dtype_of(value) in rounding.HALF_DTYPES:
-        op_inputs.put(keywords, slot, casts.cast(value, tf.float32))
+        op_inputs.put(keywords, place, casts.cast(value, tf.float32))

@@ -44,9 +44,9 @@ def wants_bfloat16(op_def, keywords):
   """
   in_gradient = getattr(tf.compat.v1.get_default_graph(),
                         '_default_original_op', None) is not None
-  for group in op_inputs.typed_slots(op_def, keywords).values():
-    for slot in group:
-      value = op_inputs.get(keywords, slot)
+  for group in op_inputs.typed_inputs(op_def, keywords).values():
+    for place in group:
+      value = op_inputs.get(keywords, place)
       if op_inputs.dtype_of(value) == tf.bfloat16:
         return True
       if not in_gradient and _reads_trainable_variable(value):
