@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.compat import distribute
+from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.models import mnist
 from benchmarks import throughput
 
@@ -61,10 +61,11 @@ def _session(devices, precision, batch):
       strategy = eb.make_strategy('mirrored', cpu_devices=devices)
       with strategy.scope():
         tf.compat.v1.train.get_or_create_global_step()
-        ops = distribute.call_for_each_replica(
+        ops = compat_distribute.call_for_each_replica(
             strategy, lambda index: _replica_step(model_fn, batch, index))
       train_op = tf.group(*ops)
-      config = distribute.session_config(strategy, tf.compat.v1.ConfigProto())
+      config = compat_distribute.session_config(strategy,
+                                                tf.compat.v1.ConfigProto())
     init = tf.compat.v1.global_variables_initializer()
   session = tf.compat.v1.Session(graph=graph, config=config)
   session.run(init)

@@ -17,7 +17,7 @@ import re
 
 import tensorflow as tf
 
-from estimator_bf16.memory import peak as memory_lib
+from estimator_bf16.memory import peak as peak_lib
 from estimator_bf16.memory import plan_build
 from benchmarks import graphs
 
@@ -29,11 +29,11 @@ def bytes_in_use():
 
 def check_allocator_stats():
   """Raises if the CPU allocator keeps no statistics (the env var is unset)."""
-  if not memory_lib.allocator_stats_enabled():
+  if not peak_lib.allocator_stats_enabled():
     raise RuntimeError(
         'Memory benchmarks need %s=%s in the environment before TensorFlow '
         'is imported; scripts/benchmark.py sets it first thing.' %
-        memory_lib.ALLOCATOR_ENV)
+        peak_lib.ALLOCATOR_ENV)
 
 
 def measure_step_memory(step, session_config=None):
@@ -48,7 +48,7 @@ def measure_step_memory(step, session_config=None):
   Returns:
     dict of ints: 'batch_size'; 'peak_step_bytes' (allocator peak of a
     traced step, after one warm-up step); 'peak_tensor_bytes' (the
-    variables plus `memory_lib.live_tensor_peak` of that step); 'persistent_bytes'
+    variables plus `peak_lib.live_tensor_peak` of that step); 'persistent_bytes'
     (allocator bytes in use between steps); 'transient_bytes' (allocator
     peak minus persistent: activations, gradients, bfloat16 weight copies,
     kernel temporaries); 'kernel_scratch_bytes' and
@@ -70,15 +70,16 @@ def measure_step_memory(step, session_config=None):
     persistent = bytes_in_use() - baseline
     run_metadata = tf.compat.v1.RunMetadata()
     graphs.run_update(session, step,
-                      options=memory_lib.traced_run_options(),
+                      options=peak_lib.traced_run_options(),
                       run_metadata=run_metadata)
-    peak = memory_lib.peak_bytes_from_run_metadata(run_metadata) - baseline
+    peak = peak_lib.peak_bytes_from_run_metadata(run_metadata) - baseline
   finally:
     session.close()
   scratch, scratch_op = kernel_scratch(run_metadata)
   variables = plan_build.variable_bytes(step.graph)
-  tensors = (memory_lib.live_tensor_peak(run_metadata) + variables['parameter_bytes'] +
-             variables['slot_bytes'] + variables['state_bytes'])
+  tensors = (peak_lib.live_tensor_peak(run_metadata) +
+             variables['parameter_bytes'] + variables['slot_bytes'] +
+             variables['state_bytes'])
   result = {'batch_size': step.batch_size, 'peak_step_bytes': int(peak),
             'peak_tensor_bytes': int(tensors),
             'persistent_bytes': int(persistent),

@@ -24,8 +24,8 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-from estimator_bf16.memory import peak as memory_lib
-from estimator_bf16.platform import tpu
+from estimator_bf16.memory import peak as peak_lib
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.platform import cpu_bfloat16
 from benchmarks import configs
 from benchmarks import graphs
@@ -39,7 +39,7 @@ from scripts import benchmark as benchmark_program
 from scripts import update_readme
 from tests.support import paths
 
-MiB = tpu.MiB
+MiB = tpu_facts.MiB
 
 
 def _tiny_config():
@@ -66,7 +66,7 @@ def _positive_finite(value):
 
 
 def _run_sections(tmp_path_factory, sections):
-  if not memory_lib.allocator_stats_enabled():
+  if not peak_lib.allocator_stats_enabled():
     pytest.skip('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow loads')
   return runner.run(_tiny_config(), str(tmp_path_factory.mktemp('bench')),
                     sections)
@@ -457,11 +457,10 @@ def _traced_run(graph, fetch):
   """Initialises `graph`'s variables, runs `fetch` once one op at a time
   with FULL_TRACE, and returns the `RunMetadata`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from estimator_bf16.memory import peak  # pylint: disable=g-import-not-at-top
   with tf.compat.v1.Session(graph=graph) as session:
     session.run(tf.compat.v1.global_variables_initializer())
     metadata = tf.compat.v1.RunMetadata()
-    session.run(fetch, options=peak.traced_run_options(),
+    session.run(fetch, options=peak_lib.traced_run_options(),
                 run_metadata=metadata)
   return metadata
 
@@ -471,7 +470,7 @@ def test_live_tensor_peak_counts_what_is_alive_together():
   # whose result may reuse one of their buffers; the variable was
   # allocated before the step and does not count.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if not memory_lib.allocator_stats_enabled():
+  if not peak_lib.allocator_stats_enabled():
     pytest.skip('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow loads')
   with tf.Graph().as_default() as graph:
     v = tf.compat.v1.get_variable('v', [1024, 1024], use_resource=True)
@@ -479,7 +478,7 @@ def test_live_tensor_peak_counts_what_is_alive_together():
     b = a * 3.0
     total = tf.reduce_sum(a * b)
     metadata = _traced_run(graph, total)
-  peak = memory_lib.live_tensor_peak(metadata)
+  peak = peak_lib.live_tensor_peak(metadata)
   assert 8 * MiB <= peak <= 12 * MiB + 64 * 1024
 
 
@@ -489,7 +488,7 @@ def test_live_tensor_peak_counts_a_variable_once_after_a_copying_assign():
   # old buffer goes then, unrecorded. After it, a and b (8 MiB each) are
   # alive together: 16 MiB. Counting the kept copy to the end gave 20.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if not memory_lib.allocator_stats_enabled():
+  if not peak_lib.allocator_stats_enabled():
     pytest.skip('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow loads')
   with tf.Graph().as_default() as graph:
     v = tf.compat.v1.get_variable('v', [1024, 1024], use_resource=True)
@@ -507,7 +506,7 @@ def test_live_tensor_peak_counts_a_variable_once_after_a_copying_assign():
           for memory in node.memory
           for record in memory.allocation_records]
   assert kept == [4 * MiB], 'the assign no longer copies: %s' % kept
-  peak = memory_lib.live_tensor_peak(metadata)
+  peak = peak_lib.live_tensor_peak(metadata)
   assert 16 * MiB <= peak <= 16 * MiB + 64 * 1024
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.precision import op_lists
-from estimator_bf16.compat import estimator_spec
+from estimator_bf16.compat import estimator_spec as spec_lib
 from estimator_bf16.compat import calling
 from estimator_bf16.precision import policy
 
@@ -121,6 +121,16 @@ def op_types_spelled(paths, root):
           op_def_registry.get(node.value) is not None):
         spelled.append('%s:%d %r' % (relative, node.lineno, node.value))
   return spelled
+
+
+def _repository_python(*folders):
+  """Paths of the .py files under the repository's `folders`."""
+  for folder in folders:
+    for root, dirs, files in os.walk(os.path.join(_REPO, folder)):
+      dirs[:] = sorted(d for d in dirs if d != '__pycache__')
+      for name in sorted(files):
+        if name.endswith('.py'):
+          yield os.path.join(root, name)
 
 
 def _package_paths():
@@ -485,9 +495,13 @@ class OneNamePerModuleTest(tf.test.TestCase):
     # `from estimator_bf16.memory import fit as fit_lib` everywhere, or
     # `fit` everywhere: a reader learns one name per module. The public
     # API's __init__ may bind a module privately (`_quiet`).
+    # The tests, benchmarks and scripts use the package's names too.
     names = collections.defaultdict(set)
     modules = _modules()
-    for dotted, path in sorted(modules.items()):
+    readers = sorted(modules.items()) + [
+        (None, path) for path in _repository_python('tests', 'benchmarks',
+                                                    'scripts')]
+    for dotted, path in readers:
       with open(path) as f:
         tree = ast.parse(f.read())
       for node in ast.walk(tree):
@@ -604,10 +618,9 @@ class OneHomePerFactTest(tf.test.TestCase):
         op_lists.BFLOAT16_OPS - op_lists.MATMUL_CONV_OPS, frozenset())
 
   def test_mode_strings_agree_with_both_backends(self):
-    self.assertEqual(
-        (estimator_spec.ModeKeys.TRAIN, estimator_spec.ModeKeys.EVAL,
-         estimator_spec.ModeKeys.PREDICT),
-        (calling.TRAIN, calling.EVAL, calling.PREDICT))
+    self.assertEqual((spec_lib.ModeKeys.TRAIN, spec_lib.ModeKeys.EVAL,
+                      spec_lib.ModeKeys.PREDICT),
+                     (calling.TRAIN, calling.EVAL, calling.PREDICT))
     estimator_module = getattr(tf.compat.v1, 'estimator', None)
     if eb.BACKEND == 'tf_estimator' and estimator_module is not None:
       keys = estimator_module.ModeKeys

@@ -19,7 +19,7 @@ from estimator_bf16.autocast import graph_queries
 from estimator_bf16.autocast import op_inputs
 from estimator_bf16.autocast import state
 from estimator_bf16.autocast import uniform_draws
-from estimator_bf16.autocast import weights
+from estimator_bf16.autocast import weights as autocast_weights
 from estimator_bf16.autocast import zero_select
 from estimator_bf16.precision import op_lists
 
@@ -92,15 +92,16 @@ def _autocast_op(mode, op_def, op_type, name, keywords):
   casts.cast_fixed_type_args(op_def, keywords)
   asked = None
   if (mode == 'bfloat16' and op_type in op_lists.BFLOAT16_OPS and
-      weights.wants_bfloat16(op_def, keywords)):
+      autocast_weights.wants_bfloat16(op_def, keywords)):
     casts.cast_float32_inputs(op_def, keywords)
     if op_type == op_lists.SPARSE_MATMUL_OP:
-      op_type, keywords = op_lists.MATMUL_OP, weights.matmul_keywords(keywords)
+      op_type, keywords = op_lists.MATMUL_OP, autocast_weights.matmul_keywords(
+          keywords)
     if cpu_kernels.substitutes(op_type):
       return cpu_kernels.build_substituted(
           op_def_registry.get(op_type), op_type, name, keywords)
     result = state.original_apply_op(op_type, name=name, **keywords)
-    weights.recast_weights_late(result[2])
+    autocast_weights.recast_weights_late(result[2])
     return result
   elif mode == 'bfloat16' and op_type in op_lists.FOLLOW_BFLOAT16_OPS:
     source = graph_queries.bfloat16_source(keywords.get('x'))

@@ -12,7 +12,7 @@ from tensorflow.python.ops import cond_v2
 import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.autocast import weights as autocast_weights
-from estimator_bf16.memory import peak as peak_memory
+from estimator_bf16.memory import peak as peak_lib
 
 BF16 = tf.bfloat16
 
@@ -560,7 +560,7 @@ class WeightCopiesPeakTest(tf.test.TestCase):
 
   def test_live_copies_at_the_peak_are_one_layer(self):
     """Measured: the peak of a weight-heavy step holds few bfloat16 copies."""
-    if not peak_memory.allocator_stats_enabled():
+    if not peak_lib.allocator_stats_enabled():
       self.skipTest('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
                     'loads')
     # Activations as large as the weights, as in a real network: the peak
@@ -589,9 +589,9 @@ class WeightCopiesPeakTest(tf.test.TestCase):
           metadata = tf.compat.v1.RunMetadata()
           # One op at a time, as the package measures memory: which ready
           # op runs first then does not depend on the machine's load.
-          sess.run(train, options=peak_memory.traced_run_options(),
+          sess.run(train, options=peak_lib.traced_run_options(),
                    run_metadata=metadata)
-      return peak_memory.live_tensor_peak(metadata)
+      return peak_lib.live_tensor_peak(metadata)
 
     by_hand, ours = peak(autocast=False), peak(autocast=True)
     print('live-tensor peak: by hand %d, ours %d bytes' % (by_hand, ours))

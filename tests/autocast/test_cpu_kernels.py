@@ -15,7 +15,7 @@ import estimator_bf16 as eb
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.precision import op_lists
 from estimator_bf16.memory import planner
-from estimator_bf16.safety import audit
+from estimator_bf16.safety import audit as audit_lib
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report
 from estimator_bf16.runner import results
@@ -119,8 +119,9 @@ class SubstitutionTest(tf.test.TestCase, parameterized.TestCase):
   def test_audit_and_flop_share_equal_the_plain_bfloat16_build(self, kind):
     plain_graph, plain_spec = _build(kind, kernels='bfloat16')
     graph, spec = _build(kind)
-    plain = audit.check_graph(plain_graph, strict=False, loss=plain_spec.loss)
-    report = audit.check_graph(graph, strict=False, loss=spec.loss)
+    plain = audit_lib.check_graph(plain_graph, strict=False,
+                                  loss=plain_spec.loss)
+    report = audit_lib.check_graph(graph, strict=False, loss=spec.loss)
     self.assertEqual(report.problems, plain.problems)
     self.assertEqual(report.mixed_precision_ops, [])
     self.assertEqual(report.bfloat16_flop_share, plain.bfloat16_flop_share)
@@ -238,8 +239,8 @@ class PlanAndReportTest(tf.test.TestCase):
   def test_report_names_the_substituted_ops_and_the_choice(self):
     graph, spec = _build('emulated')
     result = results.RunResult(program='p.py', precision='bfloat16')
-    result.reports.append(audit.check_graph(graph, strict=False,
-                                            loss=spec.loss))
+    result.reports.append(
+        audit_lib.check_graph(graph, strict=False, loss=spec.loss))
     with mock.patch.object(cpu_kernels, 'cpu_kind', return_value='emulated'):
       (line,) = run_report.kernels_lines(result)
     self.assertIn('Conv2DBackpropFilter x1', line)
@@ -247,8 +248,9 @@ class PlanAndReportTest(tf.test.TestCase):
     self.assertIn('--kernels=bfloat16', line)
     plain = results.RunResult(program='p.py', precision='bfloat16',
                               kernels='bfloat16')
-    plain.reports.append(audit.check_graph(*_build('emulated', 'bfloat16')[:1],
-                                           strict=False))
+    plain.reports.append(
+        audit_lib.check_graph(*_build('emulated', 'bfloat16')[:1],
+                              strict=False))
     self.assertIn("TensorFlow's own", run_report.kernels_lines(plain)[0])
     self.assertEqual(
         run_report.report_json(result)['cpu_substituted_ops'],

@@ -20,8 +20,8 @@ import tensorflow as tf
 
 import estimator_bf16 as eb
 from estimator_bf16.apps import training
-from estimator_bf16.compat import distribute
-from estimator_bf16.distribute import cluster
+from estimator_bf16.compat import distribute as compat_distribute
+from estimator_bf16.distribute import cluster as cluster_lib
 from tests.support import isolated_cache
 
 _FEATURES = 12
@@ -325,19 +325,24 @@ class TFConfigTest(tf.test.TestCase, parameterized.TestCase):
   )
   def test_bad_tf_config_is_named_before_any_graph(self, text, message):
     graphs_before = tf.compat.v1.get_default_graph().get_operations()
-    with self.assertRaisesRegex(cluster.ClusterError, message):
+    with self.assertRaisesRegex(cluster_lib.ClusterError, message):
       eb.make_strategy('multi_worker', environ={'TF_CONFIG': text})
     self.assertEqual(graphs_before,
                      tf.compat.v1.get_default_graph().get_operations())
 
   def test_missing_tf_config(self):
-    with self.assertRaisesRegex(cluster.ClusterError, 'TF_CONFIG is not set'):
+    with self.assertRaisesRegex(cluster_lib.ClusterError,
+                                'TF_CONFIG is not set'):
       eb.make_strategy('multi_worker', environ={})
 
   def test_good_tf_config(self):
-    parsed = cluster.parse_tf_config(_config(
-        {'chief': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2', '127.0.0.1:3'],
-         'evaluator': ['127.0.0.1:4']}, 'worker', 1))
+    parsed = cluster_lib.parse_tf_config(
+        _config(
+            {
+                'chief': ['127.0.0.1:1'],
+                'worker': ['127.0.0.1:2', '127.0.0.1:3'],
+                'evaluator': ['127.0.0.1:4']
+            }, 'worker', 1))
     self.assertEqual(3, parsed.num_workers)
     self.assertEqual(2, parsed.worker_index)
     self.assertFalse(parsed.is_chief)
@@ -347,7 +352,7 @@ class TFConfigTest(tf.test.TestCase, parameterized.TestCase):
   def test_evaluator_gets_no_strategy(self):
     text = _config({'chief': ['127.0.0.1:1'], 'evaluator': ['127.0.0.1:2']},
                    'evaluator')
-    with self.assertRaisesRegex(cluster.ClusterError, 'is the evaluator'):
+    with self.assertRaisesRegex(cluster_lib.ClusterError, 'is the evaluator'):
       eb.make_strategy('multi_worker', environ={'TF_CONFIG': text})
 
   def test_worker_failure_names_the_task(self):
@@ -355,17 +360,18 @@ class TFConfigTest(tf.test.TestCase, parameterized.TestCase):
                    'chief')
     strategy = eb.make_strategy('multi_worker', environ={'TF_CONFIG': text},
                                 timeout_seconds=5)
-    self.assertTrue(distribute.is_multi_worker(strategy))
+    self.assertTrue(compat_distribute.is_multi_worker(strategy))
     self.assertEqual(2, strategy.num_replicas_in_sync)
     error = tf.errors.UnavailableError(
         None, None, 'Socket closed. Additional GRPC error information from '
         'remote target /job:worker/replica:0/task:0 while calling RecvBuf')
-    failure = distribute.explain(error, strategy)
-    self.assertIsInstance(failure, distribute.WorkerFailure)
+    failure = compat_distribute.explain(error, strategy)
+    self.assertIsInstance(failure, compat_distribute.WorkerFailure)
     self.assertIn('Task chief:0 stopped: worker:0 did not answer',
                   str(failure))
-    self.assertIsNone(distribute.explain(
-        tf.errors.InvalidArgumentError(None, None, 'bad shape'), strategy))
+    self.assertIsNone(
+        compat_distribute.explain(
+            tf.errors.InvalidArgumentError(None, None, 'bad shape'), strategy))
 
   def test_timed_out_collective_names_the_silent_peers(self):
     # A collective that times out names no task; the other training tasks
@@ -382,7 +388,7 @@ class TFConfigTest(tf.test.TestCase, parameterized.TestCase):
           'multi_worker', environ={'TF_CONFIG': _config(cluster_def,
                                                         'chief')},
           timeout_seconds=5)
-      failure = distribute.explain(timeout, strategy)
+      failure = compat_distribute.explain(timeout, strategy)
       self.assertIn('Task chief:0 stopped: ' + suspects, str(failure))
       self.assertIn('DeadlineExceededError', str(failure))
 

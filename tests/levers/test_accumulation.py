@@ -18,8 +18,8 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.apps import training
 from estimator_bf16.levers import accumulation
-from estimator_bf16.levers import apply as levers
-from estimator_bf16.memory import peak as peak_memory
+from estimator_bf16.levers import apply
+from estimator_bf16.memory import peak as peak_lib
 from estimator_bf16.optimizers import registry as optimizers
 from estimator_bf16.platform import backend as backend_lib
 from benchmarks import configs
@@ -135,8 +135,8 @@ def bert_style_model_fn(features, labels, mode, params):
   # active, so the update depends on the norm of exactly what is clipped.
   grads, _ = tf.clip_by_global_norm(grads, clip_norm=0.3)
   global_step = tf.compat.v1.train.get_global_step()
-  apply = ScaledSgd(0.2).apply_gradients(zip(grads, tvars))
-  train_op = tf.group(apply, global_step.assign(global_step + 1))
+  update = ScaledSgd(0.2).apply_gradients(zip(grads, tvars))
+  train_op = tf.group(update, global_step.assign(global_step + 1))
   return _spec(mode, loss, train_op)
 
 
@@ -283,8 +283,8 @@ class AccumulationTest(_Training):
       tvars = tf.compat.v1.trainable_variables()
       grads = tf.gradients(loss, tvars)
       global_step = tf.compat.v1.train.get_global_step()
-      apply = ScaledSgd(0.2).apply_gradients(zip(grads, tvars))
-      return _spec(mode, loss, tf.group(apply,
+      update = ScaledSgd(0.2).apply_gradients(zip(grads, tvars))
+      return _spec(mode, loss, tf.group(update,
                                         global_step.assign(global_step + 1)))
     clipped = _checkpoint(self._shared_train('bert_style', 4, 'compat')[0])
     free = _checkpoint(self._train(unclipped, 4, 'compat'))
@@ -497,7 +497,7 @@ class PeakMemoryTest(tf.test.TestCase):
   """The allocator's peak of an update made of micro-batches."""
 
   def test_an_update_of_k_micro_batches_holds_one_micro_batch(self):
-    if not peak_memory.allocator_stats_enabled():
+    if not peak_lib.allocator_stats_enabled():
       self.skipTest('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
                     'loads')
     spec = configs.ModelSpec('mnist_mlp', 'mnist_mlp', batch_size=4096,
@@ -656,7 +656,7 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_micro_batch_size(self):
     self.assertEqual(accumulation.micro_batch_size(64, 4, replicas=8), 16)
-    self.assertEqual(levers.check_levers(3, True), (3, True))
+    self.assertEqual(apply.check_levers(3, True), (3, True))
 
 
 if __name__ == '__main__':

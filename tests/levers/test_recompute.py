@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.memory import peak as peak_memory
-from estimator_bf16.levers import recompute
+from estimator_bf16.memory import peak as peak_lib
+from estimator_bf16.levers import recompute as recompute_lib
 from benchmarks import graphs
 
 _SCOPE = 'recompute_gradients'
@@ -145,7 +145,7 @@ class EqualityTest(tf.test.TestCase, parameterized.TestCase):
       loss = _build(name)
       variables = tf.compat.v1.trainable_variables()
       plain = tf.compat.v1.gradients(loss, variables)
-      ours = recompute.gradients_with_recompute(loss, variables)
+      ours = recompute_lib.gradients_with_recompute(loss, variables)
       self.assertLen(ours, len(variables))
       self.assertTrue(_forward_copies(graph), 'nothing was recomputed')
       if name == 'bert':
@@ -168,7 +168,7 @@ class EqualityTest(tf.test.TestCase, parameterized.TestCase):
         loss = _build(name)
         variables = tf.compat.v1.trainable_variables()
         if use_recompute:
-          grads = recompute.gradients_with_recompute(loss, variables)
+          grads = recompute_lib.gradients_with_recompute(loss, variables)
         else:
           grads = tf.compat.v1.gradients(loss, variables)
         update_ops = tf.compat.v1.get_collection(
@@ -203,7 +203,7 @@ class EqualityTest(tf.test.TestCase, parameterized.TestCase):
                           op.outputs[0].dtype == tf.bfloat16
                           for op in graph.get_operations()))
       plain = tf.compat.v1.gradients(loss, variables)
-      ours = recompute.gradients_with_recompute(loss, variables)
+      ours = recompute_lib.gradients_with_recompute(loss, variables)
       self.assertTrue(_forward_copies(graph), 'nothing was recomputed')
       with self.session(graph=graph) as session:
         session.run(tf.compat.v1.global_variables_initializer())
@@ -228,7 +228,7 @@ class EqualityTest(tf.test.TestCase, parameterized.TestCase):
       loss = _build('mlp')
       variables = tf.compat.v1.trainable_variables()
       plain = tf.compat.v1.gradients(loss, variables)
-      ours = recompute.gradients_with_recompute(loss, variables, segments=6)
+      ours = recompute_lib.gradients_with_recompute(loss, variables, segments=6)
       segments = {op.name.split('/')[1] for ops in
                   _forward_copies(graph).values() for op in ops}
       # The last of the 6 segments is not recomputed.
@@ -246,8 +246,8 @@ class EqualityTest(tf.test.TestCase, parameterized.TestCase):
       y = tf.reduce_sum(hidden, axis=1)
       grad_y = tf.range(8, dtype=tf.float32)
       plain = tf.compat.v1.gradients(y, [x, hidden], grad_ys=[grad_y])
-      ours = recompute.gradients_with_recompute(y, [x, hidden],
-                                                grad_ys=[grad_y])
+      ours = recompute_lib.gradients_with_recompute(y, [x, hidden],
+                                                    grad_ys=[grad_y])
       with self.session(graph=graph) as session:
         session.run(tf.compat.v1.global_variables_initializer())
         expected, actual = session.run([plain, ours])
@@ -264,8 +264,8 @@ def _recomputed_bert():
   with graph.as_default():
     loss = _build('bert')
     forward = frozenset(graph.get_operations())
-    recompute.gradients_with_recompute(loss,
-                                       tf.compat.v1.trainable_variables())
+    recompute_lib.gradients_with_recompute(loss,
+                                           tf.compat.v1.trainable_variables())
   return graph, forward
 
 
@@ -311,7 +311,7 @@ class PeakMemoryTest(tf.test.TestCase, parameterized.TestCase):
       loss = build()
       variables = tf.compat.v1.trainable_variables()
       if use_recompute:
-        grads = recompute.gradients_with_recompute(loss, variables)
+        grads = recompute_lib.gradients_with_recompute(loss, variables)
       else:
         grads = tf.compat.v1.gradients(loss, variables)
       train_op = tf.compat.v1.train.GradientDescentOptimizer(
@@ -323,9 +323,9 @@ class PeakMemoryTest(tf.test.TestCase, parameterized.TestCase):
       session.run(init)
       session.run(train_op)  # warm-up
       metadata = tf.compat.v1.RunMetadata()
-      session.run(train_op, options=peak_memory.traced_run_options(),
+      session.run(train_op, options=peak_lib.traced_run_options(),
                   run_metadata=metadata)
-    return (peak_memory.peak_bytes_from_run_metadata(metadata),
+    return (peak_lib.peak_bytes_from_run_metadata(metadata),
             len(graph.get_operations()))
 
   @parameterized.named_parameters(
@@ -344,7 +344,7 @@ class PeakMemoryTest(tf.test.TestCase, parameterized.TestCase):
           layers=6))), 0.75),
   )
   def test_recompute_lowers_the_measured_peak(self, build, max_ratio):
-    self.assertTrue(peak_memory.allocator_stats_enabled())
+    self.assertTrue(peak_lib.allocator_stats_enabled())
     plain_peak, plain_ops = self._peak_and_ops(build, False)
     peak, ops = self._peak_and_ops(build, True)
     self.assertGreater(plain_peak, 0)
@@ -359,15 +359,15 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       x = tf.constant([1.0, 2.0])
       self.assertEqual(tf.compat.v1.gradients([], [x]),
-                       recompute.gradients_with_recompute([], [x]))
+                       recompute_lib.gradients_with_recompute([], [x]))
 
   def test_no_path_gives_nones(self):
     with tf.Graph().as_default():
       x = tf.constant([1.0, 2.0])
       unrelated = tf.compat.v1.get_variable('v', [2])
       y = tf.reduce_sum(_mlp(x[None], layers=4, width=4))
-      self.assertEqual(
-          [None], recompute.gradients_with_recompute(y, [unrelated]))
+      self.assertEqual([None],
+                       recompute_lib.gradients_with_recompute(y, [unrelated]))
       self.assertEqual(tf.compat.v1.gradients(y, [unrelated]), [None])
 
   def test_unconnected_zero(self):
@@ -375,7 +375,7 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
       x = tf.constant([1.0, 2.0])
       unrelated = tf.compat.v1.get_variable('v', [3])
       y = tf.reduce_sum(_mlp(x[None], layers=6, width=4))
-      grads = recompute.gradients_with_recompute(
+      grads = recompute_lib.gradients_with_recompute(
           y, [unrelated], unconnected_gradients='zero')
       with self.session() as session:
         self.assertAllEqual([0, 0, 0], session.run(grads[0]))
@@ -386,14 +386,15 @@ class BadInputTest(tf.test.TestCase, parameterized.TestCase):
       x = tf.constant([1.0])
       with self.assertRaisesRegex(ValueError, 'segments.*%s' %
                                   repr(segments).replace('.', r'\.')):
-        recompute.gradients_with_recompute(x * 2.0, [x], segments=segments)
+        recompute_lib.gradients_with_recompute(x * 2.0, [x], segments=segments)
 
   def test_one_segment_is_plain_gradients(self):
     graph = tf.Graph()
     with graph.as_default():
       loss = _build('mlp')
-      recompute.gradients_with_recompute(
-          loss, tf.compat.v1.trainable_variables(), segments=1)
+      recompute_lib.gradients_with_recompute(loss,
+                                             tf.compat.v1.trainable_variables(),
+                                             segments=1)
       self.assertFalse(_forward_copies(graph))
 
 

@@ -15,12 +15,12 @@ import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
-from estimator_bf16.memory import fit
+from estimator_bf16.memory import fit as fit_lib
 from estimator_bf16.memory import planner
-from estimator_bf16.memory import slots
+from estimator_bf16.memory import slots as slots_lib
 from estimator_bf16.models import digits
 from estimator_bf16.platform import cpu_bfloat16
-from estimator_bf16.platform import tpu
+from estimator_bf16.platform import tpu as tpu_facts
 from estimator_bf16.precision import policy
 from estimator_bf16.runner import fit_report
 from tests.support import legacy_model
@@ -28,7 +28,7 @@ from tests.support import cli_refusal
 from tests.platform import test_quiet
 from tests.runner import test_runner
 
-MiB = tpu.MiB
+MiB = tpu_facts.MiB
 
 
 def _plan(precision, per_example_mib, parameters_mib=100, slots_mib=200):
@@ -52,7 +52,7 @@ _PLANS = {('float32', False): _plan('float32', 8),
 class FitTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_every_combination_is_planned(self):
-    result = fit.fit(_PLANS, 64, 1024 * MiB)
+    result = fit_lib.fit(_PLANS, 64, 1024 * MiB)
     # 2 precisions x 2 recompute x the 7 divisors of 64.
     self.assertLen(result.options, 28)
     option = next(o for o in result.options
@@ -75,7 +75,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
       ('float32_only_when_alone', 5000, ('bfloat16', 1, False)))
   def test_the_cheapest_fitting_option_is_chosen(self, budget_mib, expected):
     # No margin: the budgets above are set against the plans themselves.
-    result = fit.fit(_PLANS, 64, budget_mib * MiB, margin=0)
+    result = fit_lib.fit(_PLANS, 64, budget_mib * MiB, margin=0)
     chosen = result.chosen
     self.assertEqual((chosen.precision, chosen.gradient_accumulation_steps,
                       chosen.recompute), expected)
@@ -84,11 +84,11 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
                         if o.fits))
 
   def test_nothing_fits(self):
-    result = fit.fit(_PLANS, 64, 1 * MiB)
+    result = fit_lib.fit(_PLANS, 64, 1 * MiB)
     self.assertIsNone(result.chosen)
     self.assertFalse(any(o.fits for o in result.options))
     lines = fit_report.model_parallel_lines(
-        fit.model_parallel(_PLANS[('bfloat16', True)], 1 * MiB))
+        fit_lib.model_parallel(_PLANS[('bfloat16', True)], 1 * MiB))
     self.assertIn('num_cores_per_replica=2', '\n'.join(lines))
     self.assertIn('Adafactor', '\n'.join(lines))
     self.assertIn('input_partition_dims', '\n'.join(lines))
@@ -96,10 +96,11 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
   def test_the_margin_is_kept_free(self):
     # bfloat16 alone plans 556 MiB: it fits 600 MiB with no margin, not
     # with 10% (611.6 MiB); then K=2 (528 MiB, 580.8 with the margin) does.
-    self.assertEqual(fit.fit(_PLANS, 64, 600 * MiB, margin=0)
-                     .chosen.gradient_accumulation_steps, 1)
-    result = fit.fit(_PLANS, 64, 600 * MiB)
-    self.assertEqual(result.margin, fit.PLAN_MARGIN)
+    self.assertEqual(
+        fit_lib.fit(_PLANS, 64, 600 * MiB,
+                    margin=0).chosen.gradient_accumulation_steps, 1)
+    result = fit_lib.fit(_PLANS, 64, 600 * MiB)
+    self.assertEqual(result.margin, fit_lib.PLAN_MARGIN)
     self.assertEqual(result.chosen.gradient_accumulation_steps, 2)
     self.assertLessEqual(result.chosen.planned_bytes * 1.1, 600 * MiB)
     for option in result.options:
@@ -109,11 +110,11 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(-0.1, '10%', True)
   def test_bad_margin(self, margin):
     with self.assertRaisesRegex(ValueError, 'margin'):
-      fit.fit(_PLANS, 64, 600 * MiB, margin=margin)
+      fit_lib.fit(_PLANS, 64, 600 * MiB, margin=margin)
 
   def test_accumulation_left_out_where_it_cannot_apply(self):
-    result = fit.fit(_PLANS, 64, 420 * MiB, margin=0,
-                     accumulation_note='use_tpu=True')
+    result = fit_lib.fit(_PLANS, 64, 420 * MiB, margin=0,
+                         accumulation_note='use_tpu=True')
     self.assertEqual({o.gradient_accumulation_steps for o in result.options},
                      {1})
     # Without accumulation the cheapest fit is recompute (364 MiB).
@@ -127,7 +128,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     plans = dict(_PLANS)
     plans[('bfloat16', True)] = dataclasses.replace(
         plans[('bfloat16', False)], recompute=True)
-    result = fit.fit(plans, 64, 420 * MiB, margin=0)
+    result = fit_lib.fit(plans, 64, 420 * MiB, margin=0)
     self.assertFalse(any(o.recompute for o in result.options
                          if o.precision == 'bfloat16'))
     self.assertTrue(any(o.recompute for o in result.options
@@ -142,13 +143,13 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     plan = planner.MemoryPlan(**dict(
         plan.__dict__, upcast_lines=((0.0, 6 * MiB),)))
     plans = {('bfloat16', False): plan}
-    tpu = fit.fit(plans, 64, 2000 * MiB)
-    cpu = fit.fit(plans, 64, 2000 * MiB, upcast=True)
+    tpu = fit_lib.fit(plans, 64, 2000 * MiB)
+    cpu = fit_lib.fit(plans, 64, 2000 * MiB, upcast=True)
     self.assertEqual(tpu.chosen.planned_bytes, (300 + 64 * 4) * MiB)
     self.assertEqual(cpu.chosen.planned_bytes, (300 + 64 * 6) * MiB)
 
   def test_table_stops_each_group_at_its_first_fit(self):
-    result = fit.fit(_PLANS, 64, 600 * MiB)
+    result = fit_lib.fit(_PLANS, 64, 600 * MiB)
     lines = fit_report.table_lines(result)
     rows = [line for line in lines if re.match(r'^\*?\s+(float32|bfloat16)',
                                                line)]
@@ -164,7 +165,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
   def test_k2_above_k1_is_not_summed_up_as_fitting(self):
     # bfloat16 with recompute: K=1 plans 364 MiB; K=2 adds 100 MiB of
     # accumulators (432 MiB) and K=64 still 401: in 400 MiB only K=1 fits.
-    result = fit.fit(_PLANS, 64, 400 * MiB, margin=0)
+    result = fit_lib.fit(_PLANS, 64, 400 * MiB, margin=0)
     lines = fit_report.table_lines(result)
     rows = [l for l in lines if re.match(r'^\*?\s+bfloat16\s+\d+\s+\d+\s+on',
                                          l)]
@@ -175,7 +176,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
   def test_one_example_over_the_budget_less_the_margin(self):
     # 950 MiB at one example: under 1000 MiB, over 1000 / 1.1.
     plans = {('bfloat16', False): _plan('bfloat16', 950, 0, 0)}
-    result = fit.fit(plans, 1, 1000 * MiB)
+    result = fit_lib.fit(plans, 1, 1000 * MiB)
     self.assertIsNone(result.chosen)
     lines = fit_report.over_budget_lines(result)
     self.assertIn('Even one example per core needs 950.0 MiB with the '
@@ -185,7 +186,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
   def test_over_budget_names_the_batch_when_one_example_fits(self):
     # 300 MiB persistent + 1 MiB an example (bfloat16 with recompute): at
     # 64 per core 364 MiB; in 350 MiB (318 with the margin) 18 fit.
-    result = fit.fit(_PLANS, 64, 350 * MiB, accumulation_note='TPU')
+    result = fit_lib.fit(_PLANS, 64, 350 * MiB, accumulation_note='TPU')
     self.assertIsNone(result.chosen)
     lines = fit_report.over_budget_lines(result)
     self.assertIn('It is the batch of 64 per core that does not fit: at most '
@@ -194,12 +195,12 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn(('bfloat16 + recompute', 18),
                   fit_report.largest_batch_items(result))
     # 100 MiB: not even the weights fit; model parallelism is named.
-    tiny = fit.fit(_PLANS, 64, 100 * MiB)
+    tiny = fit_lib.fit(_PLANS, 64, 100 * MiB)
     self.assertIn('num_cores_per_replica=2',
                   '\n'.join(fit_report.over_budget_lines(tiny)))
 
   def test_largest_batches_with_accumulation(self):
-    result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
+    result = fit_lib.fit(_PLANS, 64, 600 * MiB, margin=0)
     rows = dict(fit_report.largest_batch_items(result))
     # bfloat16: (600 - 300) / 4 = 75; with the 100 MiB of accumulators, 50
     # per micro-batch.
@@ -208,7 +209,7 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(rows['float32 + recompute'], 150)
 
   def test_report_names_the_choice(self):
-    result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
+    result = fit_lib.fit(_PLANS, 64, 600 * MiB, margin=0)
     report = fit_report.report_dict(result)
     self.assertEqual(report['levers'], {'precision': 'bfloat16',
                                         'gradient_accumulation_steps': 1,
@@ -223,23 +224,23 @@ class FitTest(tf.test.TestCase, parameterized.TestCase):
                             ('8GiB', 8 * 2**30), ('1.5GB', 1500000000),
                             (' 2 KiB ', 2048))
   def test_sizes(self, text, expected):
-    self.assertEqual(fit.parse_size(text), expected)
+    self.assertEqual(fit_lib.parse_size(text), expected)
 
   @parameterized.parameters('8 gigs', '', '-1MiB', '0', 'MiB')
   def test_bad_sizes(self, text):
     with self.assertRaisesRegex(ValueError, 'size'):
-      fit.parse_size(text)
+      fit_lib.parse_size(text)
 
   def test_devices(self):
-    self.assertEqual(fit.device_bytes('tpu-v2'), 8 * 2**30)
-    self.assertEqual(fit.device_bytes('tpu-v3'), 16 * 2**30)
+    self.assertEqual(fit_lib.device_bytes('tpu-v2'), 8 * 2**30)
+    self.assertEqual(fit_lib.device_bytes('tpu-v3'), 16 * 2**30)
     with self.assertRaisesRegex(ValueError, 'tpu-v2, tpu-v3, tpu-v4'):
-      fit.device_bytes('tpu-v9')
+      fit_lib.device_bytes('tpu-v9')
 
   @parameterized.parameters(0, -4, 2.5, True)
   def test_bad_batch(self, batch):
     with self.assertRaisesRegex(ValueError, 'batch_per_core'):
-      fit.fit(_PLANS, batch, 600 * MiB)
+      fit_lib.fit(_PLANS, batch, 600 * MiB)
 
 
 class SlotBytesTest(tf.test.TestCase):
@@ -250,25 +251,25 @@ class SlotBytesTest(tf.test.TestCase):
 
   def test_slot_bytes_per_optimizer(self):
     # Adam: m and v, float32, the size of every parameter.
-    self.assertEqual(slots.adam_slot_bytes(self._SHAPES),
+    self.assertEqual(slots_lib.adam_slot_bytes(self._SHAPES),
                      2 * 4 * self._PARAMETERS)
-    self.assertEqual(slots.slot_bytes('adam', self._SHAPES), 14464)
+    self.assertEqual(slots_lib.slot_bytes('adam', self._SHAPES), 14464)
     # Adafactor: rows (shape without the last dim) + columns (without the
     # second last) of each matrix; vectors keep their own size.
     factored = (3 * 3 * 8 + 3 * 3 * 16) + 16 + (64 + 10)
-    self.assertEqual(slots.adafactor_slot_bytes(self._SHAPES), 4 * factored)
-    self.assertEqual(slots.slot_bytes('adafactor', self._SHAPES), 1224)
+    self.assertEqual(slots_lib.adafactor_slot_bytes(self._SHAPES), 4 * factored)
+    self.assertEqual(slots_lib.slot_bytes('adafactor', self._SHAPES), 1224)
     with self.assertRaisesRegex(ValueError, 'adam, adafactor'):
-      slots.slot_bytes('rmsprop', self._SHAPES)
+      slots_lib.slot_bytes('rmsprop', self._SHAPES)
 
   def test_optimizer_plan_counts_the_accumulators_as_slots(self):
     plan = _plan('bfloat16', 4)
-    adam = slots.optimizer_plan(plan, 'adam', self._SHAPES)
+    adam = slots_lib.optimizer_plan(plan, 'adam', self._SHAPES)
     self.assertEqual((adam.optimizer, adam.slot_bytes), ('adam', 14464))
     self.assertEqual(adam.lines, plan.lines)
-    accumulated = slots.optimizer_plan(
-        dataclasses.replace(plan, gradient_accumulation_steps=4),
-        'adafactor', self._SHAPES)
+    accumulated = slots_lib.optimizer_plan(
+        dataclasses.replace(plan, gradient_accumulation_steps=4), 'adafactor',
+        self._SHAPES)
     self.assertEqual(accumulated.slot_bytes, 1224 + 100 * MiB)
 
 
@@ -278,20 +279,22 @@ class FitOrderTest(tf.test.TestCase):
   def test_plans_are_ordered_by_precision_then_lever(self):
     keys = [('bfloat16', True), ('float32', True), ('bfloat16', False),
             ('float32', False)]
-    self.assertEqual(sorted(keys, key=fit.plan_order), [
-        ('float32', False), ('float32', True), ('bfloat16', False),
-        ('bfloat16', True)])
+    self.assertEqual(sorted(keys, key=fit_lib.plan_order), [('float32', False),
+                                                            ('float32', True),
+                                                            ('bfloat16', False),
+                                                            ('bfloat16', True)])
     plans = {('bfloat16', 'adam'): 1, ('float32', 'adam'): 2,
              ('float32', 'adafactor'): 3}
-    self.assertEqual([key for key, _ in fit.sorted_plans(plans)], [
-        ('float32', 'adafactor'), ('float32', 'adam'), ('bfloat16', 'adam')])
+    self.assertEqual([key for key, _ in fit_lib.sorted_plans(plans)],
+                     [('float32', 'adafactor'), ('float32', 'adam'),
+                      ('bfloat16', 'adam')])
     with self.assertRaisesRegex(ValueError, 'precision'):
-      fit.plan_order(('float16', False))
+      fit_lib.plan_order(('float16', False))
 
   def test_options_are_in_table_order(self):
     # Given in another order, planned in plan order, K ascending.
     plans = dict(reversed(list(_PLANS.items())))
-    result = fit.fit(plans, 4, 1024 * MiB)
+    result = fit_lib.fit(plans, 4, 1024 * MiB)
     self.assertEqual(
         [(o.precision, o.recompute, o.gradient_accumulation_steps)
          for o in result.options],
@@ -305,9 +308,9 @@ class FitOrderTest(tf.test.TestCase):
                      [1.7, 1.7 * 1.2, 1.0, 1.2])
 
   def test_choice_key_ranks_cost_then_fewest_levers(self):
-    result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
+    result = fit_lib.fit(_PLANS, 64, 600 * MiB, margin=0)
     ranked = sorted((o for o in result.options if o.fits),
-                    key=fit.choice_key)
+                    key=fit_lib.choice_key)
     self.assertEqual(ranked[0], result.chosen)
     self.assertEqual(
         [(o.precision, o.gradient_accumulation_steps, o.recompute)
@@ -319,7 +322,7 @@ class FitOrderTest(tf.test.TestCase):
     self.assertEqual(ranked[-1].precision, 'float32')
 
   def test_table_groups(self):
-    groups = fit.table_groups(fit.fit(_PLANS, 64, 600 * MiB))
+    groups = fit_lib.table_groups(fit_lib.fit(_PLANS, 64, 600 * MiB))
     self.assertLen(groups, 4)
     self.assertEqual(
         [o.gradient_accumulation_steps for o in groups[0].shown], [1, 2, 4])
@@ -327,31 +330,33 @@ class FitOrderTest(tf.test.TestCase):
         [o.gradient_accumulation_steps for o in groups[0].also_fit],
         [8, 16, 32, 64])
     # In 400 MiB only K=1 of bfloat16 with recompute fits: every row shown.
-    tight = fit.table_groups(fit.fit(_PLANS, 64, 400 * MiB, margin=0))
+    tight = fit_lib.table_groups(fit_lib.fit(_PLANS, 64, 400 * MiB, margin=0))
     self.assertLen(tight[3].shown, 7)
     self.assertEqual(tight[3].also_fit, ())
 
   def test_largest_batches_and_smallest_option(self):
-    result = fit.fit(_PLANS, 64, 600 * MiB, margin=0)
-    rows = fit.largest_batches(result)
+    result = fit_lib.fit(_PLANS, 64, 600 * MiB, margin=0)
+    rows = fit_lib.largest_batches(result)
     self.assertEqual(rows[:2], [
-        fit.LargestBatch('float32', False, False, 37),
-        fit.LargestBatch('float32', False, True, 25)])
-    self.assertIn(fit.LargestBatch('bfloat16', False, True, 50), rows)
+        fit_lib.LargestBatch('float32', False, False, 37),
+        fit_lib.LargestBatch('float32', False, True, 25)
+    ])
+    self.assertIn(fit_lib.LargestBatch('bfloat16', False, True, 50), rows)
     self.assertLen(rows, 8)
-    smallest = fit.smallest_option(fit.fit(_PLANS, 64, 1 * MiB))
+    smallest = fit_lib.smallest_option(fit_lib.fit(_PLANS, 64, 1 * MiB))
     self.assertEqual((smallest.precision, smallest.gradient_accumulation_steps,
                       smallest.recompute, smallest.planned_bytes),
                      ('bfloat16', 1, True, 364 * MiB))
 
   def test_over_budget(self):
-    advice = fit.over_budget(
-        fit.fit(_PLANS, 64, 350 * MiB, accumulation_note='TPU'))
-    self.assertEqual(advice, fit.BatchOverBudget(
-        batch_per_core=64, largest_batch=18, precision='bfloat16',
-        recompute=True))
-    advice = fit.over_budget(fit.fit(_PLANS, 64, 100 * MiB))
-    self.assertIsInstance(advice, fit.ModelParallel)
+    advice = fit_lib.over_budget(
+        fit_lib.fit(_PLANS, 64, 350 * MiB, accumulation_note='TPU'))
+    self.assertEqual(
+        advice,
+        fit_lib.BatchOverBudget(batch_per_core=64, largest_batch=18,
+                                precision='bfloat16', recompute=True))
+    advice = fit_lib.over_budget(fit_lib.fit(_PLANS, 64, 100 * MiB))
+    self.assertIsInstance(advice, fit_lib.ModelParallel)
     # bfloat16 with recompute: 300 MiB persistent + 1 MiB an example.
     self.assertEqual(advice.one_example_bytes, 301 * MiB)
     self.assertEqual(advice.per_core_bytes, ((2, 150.5 * MiB),
@@ -661,7 +666,7 @@ class RunFitCommandTest(tf.test.TestCase, parameterized.TestCase):
     # Measured within the budget; the plan within the planner's margin.
     self.assertEqual(data['budget_bytes'], budget)
     self.assertLessEqual(data['peak_step_bytes'], budget)
-    self.assertLessEqual(data['planned_peak_bytes'] * (1 + fit.PLAN_MARGIN),
+    self.assertLessEqual(data['planned_peak_bytes'] * (1 + fit_lib.PLAN_MARGIN),
                          budget)
     # Where bfloat16 is emulated, the plan adds the float32 copies of the
     # CPU's matmuls and substituted ops (`upcast`), a coarser model (fit

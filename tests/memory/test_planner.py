@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_bf16.memory import peak as peak_memory
+from estimator_bf16.memory import peak as peak_lib
 from estimator_bf16.memory import plan_build
 from estimator_bf16.memory import plan_simulate
 from estimator_bf16.memory import planner
@@ -437,7 +437,7 @@ class MeasuredPeakTest(parameterized.TestCase):
       for name, steps, recompute, batch in _LEVER_CASES)
   def test_close_to_the_live_tensor_peak(self, precision, steps, recompute,
                                          batch):
-    if not peak_memory.allocator_stats_enabled():
+    if not peak_lib.allocator_stats_enabled():
       self.skipTest('needs TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
                     'loads')
     step = graphs.build_train_step(

@@ -13,7 +13,7 @@ import estimator_bf16 as eb
 from estimator_bf16.precision import op_lists
 from estimator_bf16.models import imagenet_input
 from estimator_bf16.models import resnet
-from estimator_bf16.safety import audit
+from estimator_bf16.safety import audit as audit_lib
 
 _PRECISIONS = (
     dict(testcase_name='float32', precision='float32'),
@@ -237,8 +237,9 @@ class ResNetTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(len(heavy), 3 * 53)  # 53 convs + dense, fwd + bwd
     # As a TPU runs them (autocast.cpu_kernels may compute some in float32
     # on this CPU).
-    self.assertEmpty([(op.name, op.get_attr('T').name) for op in heavy
-                      if audit.compute_dtype(op) != tf.bfloat16])
+    self.assertEmpty([(op.name, op.get_attr('T').name)
+                      for op in heavy
+                      if audit_lib.compute_dtype(op) != tf.bfloat16])
     self.assertGreater(report.bfloat16_flop_share, 0.9)
 
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 import estimator_bf16 as eb
 from estimator_bf16.precision import op_lists
 from estimator_bf16.models.styles import STYLES
-from estimator_bf16.safety import audit
+from estimator_bf16.safety import audit as audit_lib
 from tests.support import scratch
 
 MATRIX_OPS = op_lists.MATMUL_CONV_OPS
@@ -46,7 +46,7 @@ def tearDownModule():
 def _compute_dtype(op):
   # As a TPU runs it: SparseMatMul in float32, an op computed in float32
   # only for a slow bfloat16 CPU kernel in bfloat16.
-  return audit.compute_dtype(op)
+  return audit_lib.compute_dtype(op)
 
 
 @functools.lru_cache(maxsize=None)

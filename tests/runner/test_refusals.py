@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from estimator_bf16.apps import cli
 from estimator_bf16.runner import results
+from estimator_bf16.runner import tf1 as tf1_lib
 
 _NO_TPU = '''
 import tensorflow as tf
@@ -88,9 +89,8 @@ class RefusalsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('RuntimeError: the program itself failed', stderr)
 
   def test_refusals_share_one_type(self):
-    from estimator_bf16.runner import tf1  # pylint: disable=g-import-not-at-top
     for error in (results.ProgramError, results.NoTpuError,
-                  tf1.UnmappedContribError):
+                  tf1_lib.UnmappedContribError):
       self.assertTrue(issubclass(error, results.Refusal), error)
 
 

@@ -35,7 +35,7 @@ from estimator_bf16.apps import cli
 from estimator_bf16.autocast import cpu_kernels
 from estimator_bf16.models import digits
 from estimator_bf16.platform import shown_paths
-from estimator_bf16.precision import policy as precision_lib
+from estimator_bf16.precision import policy
 from estimator_bf16.runner import estimator_patches
 from estimator_bf16.runner import fit_run
 from estimator_bf16.runner import program as runner
@@ -484,14 +484,14 @@ class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
     # run_program, the same `Precision` reaches every wrapper and params.
     with mock.patch.object(eb, 'wrap_model_fn', recording(eb.wrap_model_fn)), \
         mock.patch.object(eb, 'wrap_input_fn', recording(eb.wrap_input_fn)), \
-        mock.patch.object(precision_lib, 'parse_precision',
-                          wraps=precision_lib.parse_precision) as parses:
+        mock.patch.object(policy, 'parse_precision',
+                          wraps=policy.parse_precision) as parses:
       result = runner.run_program(
           program, [os.path.join(self.get_temp_dir(), precision), seen_file],
           precision=precision)
     self.assertEqual(result.exit_code, 0, result.error)
     self.assertEqual(result.estimators, 1)
-    self.assertIsInstance(result.precision, precision_lib.Precision)
+    self.assertIsInstance(result.precision, policy.Precision)
     self.assertEqual(result.precision, precision)
     self.assertEqual(sorted(name for name, _ in given),
                      ['wrap_input_fn', 'wrap_input_fn', 'wrap_model_fn'])
@@ -499,10 +499,9 @@ class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
       self.assertIs(value, result.precision)
     # Only the first call parsed a name; the others got the value back.
     self.assertEqual(parses.call_args_list[0], mock.call(precision))
-    self.assertNotIsInstance(parses.call_args_list[0].args[0],
-                             precision_lib.Precision)
+    self.assertNotIsInstance(parses.call_args_list[0].args[0], policy.Precision)
     for call in parses.call_args_list[1:]:
-      self.assertIsInstance(call.args[0], precision_lib.Precision)
+      self.assertIsInstance(call.args[0], policy.Precision)
     with open(seen_file) as f:
       seen = [tuple(item) for item in json.load(f)]
     modes = [item for item in seen if item[0] != 'input_fn']

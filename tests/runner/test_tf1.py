@@ -32,7 +32,7 @@ import estimator_bf16 as eb
 from estimator_bf16.apps import cli
 from estimator_bf16.runner import program as runner
 from estimator_bf16.runner import report as run_report
-from estimator_bf16.runner import tf1
+from estimator_bf16.runner import tf1 as tf1_lib
 from estimator_bf16.runner.tf1 import contrib as contrib_lib
 from estimator_bf16.runner.tf1 import module as module_lib
 from estimator_bf16.runner.tf1 import scope as scope_lib
@@ -544,7 +544,7 @@ class DetectTest(tf.test.TestCase, parameterized.TestCase):
     program = os.path.join(folder, 'program.py')
     with open(program, 'w') as f:
       f.write(source)
-    found = tf1.detect(program, [folder])
+    found = tf1_lib.detect(program, [folder])
     self.assertEqual(found.tf1, evidence is not None)
     self.assertEqual(found.evidence,
                      None if evidence is None else
@@ -564,13 +564,13 @@ class DetectTest(tf.test.TestCase, parameterized.TestCase):
         (os.path.join(other, 'outside.py'), tf1_source)):
       with open(path, 'w') as f:
         f.write(source)
-    found = tf1.detect(os.path.join(folder, 'program.py'), [folder])
+    found = tf1_lib.detect(os.path.join(folder, 'program.py'), [folder])
     self.assertEqual(found.evidence, os.path.join(
         folder, 'pkg', 'model.py') + ':2: tf.contrib.layers')
     self.assertEqual(found.files, 3)
-    self.assertFalse(tf1.detect(os.path.join(root, 'prog2.py'), [root]).tf1)
-    self.assertTrue(tf1.detect(os.path.join(root, 'prog2.py'),
-                               [root, other]).tf1)
+    self.assertFalse(tf1_lib.detect(os.path.join(root, 'prog2.py'), [root]).tf1)
+    self.assertTrue(
+        tf1_lib.detect(os.path.join(root, 'prog2.py'), [root, other]).tf1)
 
 
 class HParamsTest(tf.test.TestCase):
@@ -614,7 +614,7 @@ class ContribTest(tf.test.TestCase, parameterized.TestCase):
   """The mapping table resolves to TensorFlow's and tf-slim's objects."""
 
   def test_every_source_of_the_table_resolves(self):
-    for name, mapping in tf1.CONTRIB.items():
+    for name, mapping in tf1_lib.CONTRIB.items():
       for source in mapping.sources:
         self.assertIsNotNone(contrib_lib._attribute_path(source)(),  # pylint: disable=protected-access
                              '%s: %s' % (name, source))
@@ -743,10 +743,11 @@ class ContribTest(tf.test.TestCase, parameterized.TestCase):
   def test_tf1_doc_table_is_the_mapping(self):
     with open(os.path.join(_REPO, 'docs', 'tf1.md')) as f:
       doc = f.read()
-    self.assertTrue(tf1.coverage_markdown() in doc,
-                    'regenerate the table of docs/tf1.md from '
-                    'estimator_bf16.runner.tf1.coverage_markdown():\n' +
-                    tf1.coverage_markdown())
+    self.assertTrue(
+        tf1_lib.coverage_markdown() in doc,
+        'regenerate the table of docs/tf1.md from '
+        'estimator_bf16.runner.tf1.coverage_markdown():\n' +
+        tf1_lib.coverage_markdown())
 
 
 class ShapesTest(tf.test.TestCase):

@@ -4,6 +4,8 @@ from absl.testing import parameterized
 import tensorflow as tf
 
 import estimator_bf16 as eb
+from estimator_bf16.precision import op_lists
+from estimator_bf16.safety import audit as audit_lib
 
 
 def setUpModule():
@@ -108,11 +110,9 @@ class CheckGraphTest(tf.test.TestCase, parameterized.TestCase):
         eb.check_graph(graph, strict=True, loss=loss, min_bfloat16_share=0.5)
 
   def test_every_autocast_matrix_op_is_counted(self):
-    from estimator_bf16.safety import audit  # pylint: disable=g-import-not-at-top
-    from estimator_bf16.precision import op_lists  # pylint: disable=g-import-not-at-top
-    self.assertContainsSubset(op_lists.BFLOAT16_OPS,
-                              set(audit._FLOP_COUNTERS))  # pylint: disable=protected-access
-    self.assertEqual(set(audit._FLOP_COUNTERS), op_lists.MATMUL_CONV_OPS)  # pylint: disable=protected-access
+    counted = set(audit_lib._FLOP_COUNTERS)  # pylint: disable=protected-access
+    self.assertContainsSubset(op_lists.BFLOAT16_OPS, counted)
+    self.assertEqual(counted, op_lists.MATMUL_CONV_OPS)
 
 
 if __name__ == '__main__':

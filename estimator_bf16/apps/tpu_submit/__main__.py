@@ -2,7 +2,7 @@
 
 import sys
 
-from estimator_bf16.apps.tpu_submit import main
+from estimator_bf16.apps.tpu_submit import main as tpu_submit
 
 if __name__ == '__main__':
-  sys.exit(main.main())
+  sys.exit(tpu_submit.main())
