@@ -168,19 +168,6 @@ def _run_config(tpu_lib, model_dir, use_tpu, tpu, distribute,
       tpu_config=tpu_config)
 
 
-def _options_of(options, estimator_options):
-  """The two option values, defaults for None; a TypeError for others."""
-  options = options_lib.WRAP_DEFAULTS if options is None else options
-  if not isinstance(options, options_lib.WrapOptions):
-    raise TypeError('options must be an eb.WrapOptions, got %r.' % (options,))
-  if estimator_options is None:
-    estimator_options = options_lib.EstimatorOptions()
-  if not isinstance(estimator_options, options_lib.EstimatorOptions):
-    raise TypeError('estimator_options must be an eb.EstimatorOptions, got '
-                    '%r.' % (estimator_options,))
-  return options, estimator_options
-
-
 def _check_strategy(use_tpu, distribute):
   """`distribute` checked (None, or a strategy for CPUs and GPUs)."""
   distribute = compat_distribute.check_strategy(distribute, 'distribute')
@@ -238,27 +225,25 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     train_batch_size: global training batch (all cores, or all replicas of
       `distribute`, together). model_fn and input_fn get the per-core (TPU)
       or per-replica (`distribute`) share as `params['batch_size']`.
-      With gradient accumulation it stays the update's batch
-      (`WrapOptions.gradient_accumulation_steps` says what each sees).
+      With gradient accumulation it stays the update's (see `WrapOptions`).
     eval_batch_size, predict_batch_size: global batches for those modes.
     params: extra hyperparameters for model_fn/input_fn; the keys
       'batch_size', 'use_tpu' and 'context' are TPUEstimator's own.
     use_tpu: False runs locally on the CPU, with the same model_fn.
-    tpu: TPU name or gRPC address (or 'local' on a TPU VM); needed with
-      `use_tpu`. The cluster resolver is only created when `use_tpu`.
-    distribute: None, or a `tf.distribute.MirroredStrategy` (local GPUs or
-      logical CPUs) or `MultiWorkerMirroredStrategy` (hosts, TF_CONFIG),
-      e.g. from `eb.make_strategy`; needs `use_tpu=False`. Training is then
-      data parallel on the compat backend, gradients all-reduced in
-      float32; docs/distribute.md says what runs where.
+    tpu: TPU name or gRPC address (or 'local' on a TPU VM), for `use_tpu`,
+      which alone creates the cluster resolver.
+    distribute: None, or a `tf.distribute` strategy from `eb.make_strategy`
+      (mirrored over local GPUs or logical CPUs, or multi-worker over hosts
+      by TF_CONFIG), for `use_tpu=False`: data parallel on the compat
+      backend, gradients all-reduced in float32 (docs/distribute.md).
     options: an `eb.WrapOptions` (audit, exclude, levers, kernels), or
       None for its defaults.
     estimator_options: an `eb.EstimatorOptions` (TPU loop, checkpoints,
       seed, backend, numeric guard, ...), or None for its defaults.
 
   Returns:
-    A `tf.compat.v1.estimator.tpu.TPUEstimator`, or an
-    `estimator_bf16.compat.TPUEstimator` with the same methods.
+    A `tf.compat.v1.estimator.tpu.TPUEstimator` or, same methods, an
+    `estimator_bf16.compat.TPUEstimator`.
 
   Raises:
     ValueError: a bad precision, batch size or backend; reserved params; a
@@ -268,7 +253,9 @@ def make_tpu_estimator(model_fn, *, model_dir, precision, train_batch_size,
     TypeError: `options` or `estimator_options` of another type.
   """
   precision = policy.parse_precision(precision)
-  options, estimator_options = _options_of(options, estimator_options)
+  options = options_lib.checked(options, options_lib.WrapOptions)
+  estimator_options = options_lib.checked(estimator_options,
+                                          options_lib.EstimatorOptions)
   distribute = _check_strategy(use_tpu, distribute)
   backend, tpu_lib = _tpu_module(estimator_options.backend, distribute)
   batches = {'train_batch_size': train_batch_size,

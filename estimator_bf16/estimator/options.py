@@ -158,3 +158,26 @@ class EstimatorOptions:
 
 # The defaults, for flags that must show the same ones.
 ESTIMATOR_DEFAULTS = EstimatorOptions()
+
+
+# The argument that takes each kind of options, for errors.
+_ARGUMENT = {WrapOptions: 'options', EstimatorOptions: 'estimator_options'}
+
+
+def checked(value, cls):
+  """`value` if it is a `cls`, `cls()`'s defaults for None.
+
+  Args:
+    value: a `WrapOptions` / `EstimatorOptions`, or None.
+    cls: `WrapOptions` or `EstimatorOptions`.
+
+  Raises:
+    TypeError: `value` is of another type (a dict, say), naming the
+      argument that takes it.
+  """
+  if value is None:
+    return cls()
+  if not isinstance(value, cls):
+    raise TypeError('%s must be an eb.%s, got %r.' %
+                    (_ARGUMENT[cls], cls.__name__, value))
+  return value

@@ -19,15 +19,6 @@ from estimator_bf16.precision import scope as scope_lib
 from estimator_bf16.safety import audit as audit_lib
 
 
-def _options(options):
-  """`options`, or the defaults for None; a TypeError for anything else."""
-  if options is None:
-    return options_lib.WRAP_DEFAULTS
-  if not isinstance(options, options_lib.WrapOptions):
-    raise TypeError('options must be an eb.WrapOptions, got %r.' % (options,))
-  return options
-
-
 def wrap_model_fn(model_fn, precision, options=None):
   """Wraps a legacy model_fn so it computes in `precision`.
 
@@ -63,7 +54,7 @@ def wrap_model_fn(model_fn, precision, options=None):
     TypeError: `options` is not a `WrapOptions`.
   """
   precision = policy.parse_precision(precision)
-  options = _options(options)
+  options = options_lib.checked(options, options_lib.WrapOptions)
   audit, kernels = options.audit, options.kernels
   # Inside the precision: the levers' gradients are those of the bfloat16
   # network, and the audit sees the graph they leave.

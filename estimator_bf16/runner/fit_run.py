@@ -26,15 +26,15 @@ from estimator_bf16.runner import planning as planning_lib
 
 
 def run_with_fit(program, args=(), *, budget_bytes,
-                 precisions=policy.PRECISIONS,
-                 options=options_lib.WRAP_DEFAULTS, tf1=None, tf1_paths=(),
-                 on_choice=None, seed=None):
+                 precisions=policy.PRECISIONS, options=None, tf1=None,
+                 tf1_paths=(), on_choice=None, seed=None):
   """Runs `program` with the cheapest levers that fit `budget_bytes`.
 
   Args:
     program, args, tf1, tf1_paths, seed: as for `runner.run_program`.
-    options: the `eb.WrapOptions` of both runs (audit, exclude, kernels);
-      its levers are the fit's to choose, so they must be the defaults.
+    options: the `eb.WrapOptions` of both runs (audit, exclude, kernels),
+      or None for its defaults; its levers are the fit's to choose, so they
+      must be the defaults.
     budget_bytes: int, memory of one core (or of this CPU's process).
     precisions: the precisions the fit may choose from (names or
       `Precision`s), parsed once here; the last is the planning run's.
@@ -56,9 +56,10 @@ def run_with_fit(program, args=(), *, budget_bytes,
                        for precision in precisions)
   except ValueError as e:
     raise runner.ProgramError('--precision: %s' % e)
-  if not isinstance(options, options_lib.WrapOptions):
-    raise runner.ProgramError('options must be an eb.WrapOptions, got %r.' %
-                              (options,))
+  try:
+    options = options_lib.checked(options, options_lib.WrapOptions)
+  except TypeError as e:
+    raise runner.ProgramError(str(e))
   if options.gradient_accumulation_steps != 1 or options.recompute:
     raise runner.ProgramError(
         'the fit chooses gradient accumulation and recomputation itself; '

@@ -57,14 +57,19 @@ TrainGraph = results.TrainGraph
 
 
 def _check_options(program, precision, options, tf1, tf1_paths, seed):
-  """Raises `ProgramError` on a bad option; returns the `Precision`."""
+  """Raises `ProgramError` on a bad option.
+
+  Returns:
+    (the `Precision`, the `WrapOptions`: its defaults for None).
+  """
   try:
     precision = policy.parse_precision(precision)
   except ValueError as e:
     raise ProgramError('--precision: %s' % e)
-  if not isinstance(options, options_lib.WrapOptions):
-    raise ProgramError('options must be an eb.WrapOptions, got %r.' %
-                       (options,))
+  try:
+    options = options_lib.checked(options, options_lib.WrapOptions)
+  except TypeError as e:
+    raise ProgramError(str(e))
   if tf1 not in (None, True, False):
     raise ProgramError('tf1 must be None (detect), True or False, got %r.' %
                        (tf1,))
@@ -79,7 +84,7 @@ def _check_options(program, precision, options, tf1, tf1_paths, seed):
   if seed is not None and (isinstance(seed, bool) or
                            not isinstance(seed, int) or seed < 0):
     raise ProgramError('--seed must be an integer >= 0, got %r.' % (seed,))
-  return precision
+  return precision, options
 
 
 def _plan(result, plan_fn):
@@ -142,9 +147,8 @@ def _first_line(text, limit=300):
 
 
 def run_program(program, args=(), precision=policy.DEFAULT_PRECISION,
-                options=options_lib.WRAP_DEFAULTS, memory=False, check=False,
-                plan_fn=None, tf1=None, tf1_paths=(), xla_fn=None, seed=None,
-                verbose=False):
+                options=None, memory=False, check=False, plan_fn=None,
+                tf1=None, tf1_paths=(), xla_fn=None, seed=None, verbose=False):
   """Runs `program` as `__main__` with its Estimators in `precision`.
 
   Args:
@@ -153,11 +157,10 @@ def run_program(program, args=(), precision=policy.DEFAULT_PRECISION,
     precision: 'bfloat16', or 'float32' to run it unchanged (or a
       `Precision`). Parsed here, once: the run's estimators, patches,
       `RunResult` and report get the `Precision`.
-    options: an `eb.WrapOptions`: the audit, feature keys never cast and
-      the levers every model_fn of the program is wrapped with. With
-      gradient accumulation (K > 1) every TRAIN graph applies the mean
-      gradient of K micro-batches per update, and a TPUEstimator's
-      `train_batch_size` is divided by K (see `eb.make_tpu_estimator`).
+    options: the `eb.WrapOptions` every model_fn of the program is wrapped
+      with (None: its defaults). With gradient accumulation (K > 1) a
+      TPUEstimator's `train_batch_size` is divided by K, as
+      `eb.make_tpu_estimator` does.
     memory: measure the allocator peak of a training step (needs
       TF_CPU_ALLOCATOR_USE_BFC=true set before TensorFlow was imported).
     check: stop at the first TRAIN graph, before any training.
@@ -188,8 +191,8 @@ def run_program(program, args=(), precision=policy.DEFAULT_PRECISION,
       not a `WrapOptions`; its fields were checked when it was made);
       nothing ran.
   """
-  precision = _check_options(program, precision, options, tf1, tf1_paths,
-                             seed)
+  precision, options = _check_options(program, precision, options, tf1,
+                                      tf1_paths, seed)
   result = RunResult(
       program=program, precision=precision,
       gradient_accumulation_steps=options.gradient_accumulation_steps,
