@@ -27,7 +27,8 @@ _DOCS = ['README.md', 'models/README.md'] + sorted(
                                                               '*.md')))
 _PYTHON_BLOCK = re.compile(r'^```python\n(.*?)^```', re.S | re.M)
 _OTHER_BLOCK = re.compile(r'^```(?!python\n).*?^```', re.S | re.M)
-_INLINE = re.compile(r'`([^`\n]+)`')
+# Inline code may wrap onto the next line, never over a blank one.
+_INLINE = re.compile(r'`((?:[^`\n]|\n(?!\n))+)`')
 # Spans that show a choice with `|` rather than code: (document, start).
 _NOT_CODE = {('docs/api.md', "eb.make_strategy('mirrored' \\| "
                              "'multi_worker'")}
@@ -49,7 +50,8 @@ def _snippets(text):
                                  lambda m: '\n' * m.group(0).count('\n'),
                                  text))
   for match in _INLINE.finditer(blanked):
-    yield blanked[:match.start()].count('\n') + 1, match.group(1)
+    yield (blanked[:match.start()].count('\n') + 1,
+           match.group(1).replace('\n', ' '))
 
 
 def _called_name(node, names):
@@ -134,7 +136,7 @@ class DocsApiTest(tf.test.TestCase):
   def test_the_check_sees_a_stale_keyword_and_a_stale_signature(self):
     functions = _callables()
     text = '\n'.join((
-        "Call `eb.make_tpu_estimator(..., numeric_guard=True)` or",
+        "Call `eb.make_tpu_estimator(...,\nnumeric_guard=True)` or",
         '```python',
         "wrapped = eb.wrap_model_fn(model_fn, 'bfloat16', audit='warn')",
         '```',
@@ -146,16 +148,16 @@ class DocsApiTest(tf.test.TestCase):
         '```'))
     problems = call_problems('doc.md', text, functions)
     self.assertEqual(len(problems), 4, problems)
-    self.assertIn("doc.md:3: wrap_model_fn: got an unexpected keyword "
+    self.assertIn("doc.md:4: wrap_model_fn: got an unexpected keyword "
                   "argument 'audit'", problems)
     self.assertIn("doc.md:1: make_tpu_estimator: got an unexpected keyword "
                   "argument 'numeric_guard'", problems)
-    self.assertIn('doc.md:5: make_tpu_estimator takes (model_fn, model_dir, '
+    self.assertIn('doc.md:6: make_tpu_estimator takes (model_fn, model_dir, '
                   'precision, train_batch_size, eval_batch_size, '
                   'predict_batch_size, params, use_tpu, tpu, distribute, '
                   'options, estimator_options), the document says (model_fn, '
                   'model_dir, audit)', problems)
-    self.assertIn('doc.md:6: eb.nothing_here does not exist', problems)
+    self.assertIn('doc.md:7: eb.nothing_here does not exist', problems)
 
 
 if __name__ == '__main__':
