@@ -300,7 +300,7 @@ def main(argv=None):
   precisions = ((args.precision,) if precision_given else policy.PRECISIONS)
   if budget is not None and not check:
     return _run_fit(args, budget, precisions, options)
-  plan_fn = _plan_fn(args, budget, precisions, check)
+  plan_fn = _plan_fn(args, budget, precisions, check, options)
   xla_fn = None
   if getattr(args, 'xla', False):
     xla_fn = functools.partial(xla_check.xla_check, steps=args.xla_steps)
@@ -338,8 +338,11 @@ def _option_problem(args):
   return None
 
 
-def _plan_fn(args, budget, precisions, check):
-  """What `run_program` plans with: the fit's table, `check`'s plan, or None."""
+def _plan_fn(args, budget, precisions, check, options):
+  """What `run_program` plans with: the fit's table, `check`'s plan, or None.
+
+  `check` plans with the levers of `options`, the run's `WrapOptions`.
+  """
   if budget is not None:
     return functools.partial(
         planning_lib.fit_plans, budget_bytes=budget, precisions=precisions,
@@ -347,8 +350,8 @@ def _plan_fn(args, budget, precisions, check):
   if check:
     return functools.partial(
         planning_lib.memory_plans,
-        gradient_accumulation_steps=args.accumulate,
-        recompute=args.recompute)
+        gradient_accumulation_steps=options.gradient_accumulation_steps,
+        recompute=options.recompute)
   return None
 
 
