@@ -51,7 +51,11 @@ _TPU_CONFIG_FIELDS = (
 )
 
 
-def _check_positive(name, value, allow_none=True):
+def check_positive(name, value, allow_none=True):
+  """Raises a ValueError naming `name` unless `value` is an int > 0.
+
+  None passes with `allow_none`; a bool is not a count.
+  """
   if value is None and allow_none:
     return
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -85,15 +89,15 @@ class TPUConfig(collections.namedtuple(
         raise ValueError('iterations_per_loop must be an int or a duration '
                          "such as '300s', got %r." % loop)
     else:
-      _check_positive('iterations_per_loop', loop, allow_none=False)
+      check_positive('iterations_per_loop', loop, allow_none=False)
     # Booleans are tf.estimator's older spelling of the first two modes.
     per_host = values['per_host_input_for_training']
     if per_host is True:
       values['per_host_input_for_training'] = InputPipelineConfig.PER_HOST_V1
     elif per_host is False:
       values['per_host_input_for_training'] = InputPipelineConfig.PER_SHARD_V1
-    _check_positive('num_shards', values['num_shards'])
-    _check_positive('num_cores_per_replica', values['num_cores_per_replica'])
+    check_positive('num_shards', values['num_shards'])
+    check_positive('num_cores_per_replica', values['num_cores_per_replica'])
     return super(TPUConfig, cls).__new__(cls, **values)
 
 
@@ -125,8 +129,8 @@ def _checkpoint_schedule(steps, secs):
   if steps is not None and secs is not None:
     raise ValueError('Set at most one of save_checkpoints_steps (%r) and '
                      'save_checkpoints_secs (%r).' % (steps, secs))
-  _check_positive('save_checkpoints_steps', steps)
-  _check_positive('save_checkpoints_secs', secs)
+  check_positive('save_checkpoints_steps', steps)
+  check_positive('save_checkpoints_secs', secs)
   return steps, secs
 
 
@@ -171,8 +175,8 @@ class RunConfig(object):
         not isinstance(keep_checkpoint_max, int) or keep_checkpoint_max < 0):
       raise ValueError('keep_checkpoint_max must be an int >= 0 (0 or None '
                        'keeps all), got %r.' % (keep_checkpoint_max,))
-    _check_positive('save_summary_steps', save_summary_steps or None)
-    _check_positive('log_step_count_steps', log_step_count_steps or None)
+    check_positive('save_summary_steps', save_summary_steps or None)
+    check_positive('log_step_count_steps', log_step_count_steps or None)
     if session_config is not None and not isinstance(
         session_config, tf.compat.v1.ConfigProto):
       raise TypeError('session_config must be a tf.compat.v1.ConfigProto, '

@@ -21,6 +21,7 @@ estimator_bf16 uses the real TPUEstimator.
 
 import tensorflow as tf
 
+from estimator_bf16.compat import config as config_lib
 from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.compat import estimator as estimator_lib
 from estimator_bf16.compat import estimator_spec as spec_lib
@@ -40,13 +41,6 @@ USE_TPU_MESSAGE = (
     'run on a Cloud TPU with the TensorFlow 2.15 runtime (e.g. '
     'tpu-vm-tf-2.15.0-pjrt; tpu-submit picks it), where '
     'estimator_bf16 uses the real TPUEstimator.')
-
-
-def _check_batch_size(name, value):
-  if value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError('%s must be a positive integer, got %r.' % (name, value))
 
 
 def _call_on_host(call):
@@ -155,9 +149,9 @@ class TPUEstimator(estimator_lib.Estimator):
     if reserved:
       raise ValueError('params must not set %s: TPUEstimator fills them in.'
                        % ', '.join(reserved))
-    _check_batch_size('train_batch_size', train_batch_size)
-    _check_batch_size('eval_batch_size', eval_batch_size)
-    _check_batch_size('predict_batch_size', predict_batch_size)
+    config_lib.check_positive('train_batch_size', train_batch_size)
+    config_lib.check_positive('eval_batch_size', eval_batch_size)
+    config_lib.check_positive('predict_batch_size', predict_batch_size)
     super(TPUEstimator, self).__init__(model_fn, model_dir=model_dir,
                                        config=config, params=params,
                                        warm_start_from=warm_start_from)

@@ -19,6 +19,7 @@ import types
 import tensorflow as tf
 
 from estimator_bf16 import compat
+from estimator_bf16.compat import config as config_lib
 from estimator_bf16.compat import distribute as compat_distribute
 from estimator_bf16.compat import tpu_estimator as compat_tpu
 from estimator_bf16.estimator import options as options_lib
@@ -181,8 +182,8 @@ def _check_strategy(use_tpu, distribute):
 def _check_sizes_and_dir(batches, model_dir):
   """Checks the global batch sizes ({argument name: size}), then model_dir."""
   for name, batch in batches.items():
-    options_lib.check_positive(name, batch,
-                               allow_none=name != 'train_batch_size')
+    config_lib.check_positive(name, batch,
+                              allow_none=name != 'train_batch_size')
   if not model_dir:
     raise ValueError('model_dir is required: checkpoints and summaries go '
                      'there.')

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any, Optional, Tuple
 
 from estimator_bf16.autocast import cpu_kernels
+from estimator_bf16.compat import config as config_lib
 from estimator_bf16.levers import apply
 from estimator_bf16.platform import backend as backend_lib
 from estimator_bf16.precision import casting
@@ -93,14 +94,6 @@ class WrapOptions:
 WRAP_DEFAULTS = WrapOptions()
 
 
-def check_positive(name, value, allow_none=False):
-  """Raises a ValueError naming `name` unless `value` is an int > 0."""
-  if value is None and allow_none:
-    return
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError('%s must be a positive integer, got %r.' % (name, value))
-
-
 @dataclasses.dataclass(frozen=True)
 class EstimatorOptions:
   """What `make_tpu_estimator` passes on to the estimator and its config.
@@ -150,10 +143,11 @@ class EstimatorOptions:
   numeric_guard: bool = False
 
   def __post_init__(self):
-    check_positive('iterations_per_loop', self.iterations_per_loop)
-    check_positive('num_shards', self.num_shards, allow_none=True)
-    check_positive('num_cores_per_replica', self.num_cores_per_replica,
-                   allow_none=True)
+    config_lib.check_positive('iterations_per_loop',
+                              self.iterations_per_loop, allow_none=False)
+    config_lib.check_positive('num_shards', self.num_shards)
+    config_lib.check_positive('num_cores_per_replica',
+                              self.num_cores_per_replica)
 
 
 # The defaults, for flags that must show the same ones.
