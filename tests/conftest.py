@@ -1,6 +1,7 @@
 """Process-wide test set-up that must happen before TensorFlow is imported."""
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -40,6 +41,26 @@ def pytest_configure(config):
   from absl import flags  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+
+
+def pytest_collection_finish(session):
+  """Fewer full garbage collections in a test process, each over less.
+
+  A test process lives through hundreds of tests, and the graphs they build
+  and cache make a heap of over a million objects. Python's collector
+  scans all of them at each full collection (about 0.65 s each, 21 of them
+  in one process running tests/runner, tests/models and tests/memory: 15.5
+  s of its 353 s in the collector). Freezing what collection imported
+  (TensorFlow, the package, the test modules: never garbage) takes it out
+  of every scan, and larger thresholds collect the young generations less
+  often: the same tests then spent 5.2 s in the collector. Tests whose
+  objects are garbage are still collected, later; memory figures the tests
+  assert are TensorFlow's allocator's, which this does not move.
+  """
+  del session
+  gc.collect()
+  gc.freeze()
+  gc.set_threshold(10000, 50, 20)
 
 
 # Modules whose classes run on one pytest-xdist worker, one after another,
