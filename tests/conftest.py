@@ -53,9 +53,11 @@ def pytest_collection_finish(session):
   s of its 353 s in the collector). Freezing what collection imported
   (TensorFlow, the package, the test modules: never garbage) takes it out
   of every scan, and larger thresholds collect the young generations less
-  often: the same tests then spent 5.2 s in the collector. Tests whose
-  objects are garbage are still collected, later; memory figures the tests
-  assert are TensorFlow's allocator's, which this does not move.
+  often: the same tests then spent 5.2 s in the collector. Garbage is
+  still collected, later: over tests/memory and tests/levers the process's
+  peak resident memory went from 1508 to 1546 MB (and 12.5 s in the
+  collector to 4.4 s). The memory figures the tests assert are TensorFlow's
+  allocator's, which this does not move.
   """
   del session
   gc.collect()
