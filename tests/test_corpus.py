@@ -17,6 +17,7 @@ import textwrap
 from unittest import mock
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from scripts import corpus
@@ -119,6 +120,7 @@ def _git(folder, *args):
                         check=True, capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow
 class CorpusRunTest(tf.test.TestCase):
 
   def _repository(self):

@@ -810,6 +810,7 @@ def test_help_lists_the_flags_and_exits_0(capsys):
   assert 'Trainer arguments go after `--`' in out
 
 
+@pytest.mark.slow
 def test_usage_error_exits_2_as_a_module():
   # One process (a TensorFlow import): `python -m` runs main and exits with
   # its status, here argparse's usage error.

@@ -19,6 +19,7 @@ import types
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -457,6 +458,7 @@ def _check_in_this_process(*args):
   return code, stderr
 
 
+@pytest.mark.slow
 class CheckXlaCommandTest(tf.test.TestCase):
   """`check --xla --accumulate=2` on a TF 1.x program, run once."""
 

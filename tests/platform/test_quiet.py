@@ -10,6 +10,7 @@ import types
 from unittest import mock
 
 from absl.testing import parameterized
+import pytest
 import tensorflow as tf
 
 from estimator_bf16.platform import quiet
@@ -55,6 +56,7 @@ app.run(main)
 '''
 
 
+@pytest.mark.slow
 class QuietCommandsTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -110,6 +112,7 @@ class QuietCommandsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('Instructions for updating', done.stderr)
 
 
+@pytest.mark.slow
 class DescriptorFilterTest(tf.test.TestCase):
 
   @classmethod
@@ -193,6 +196,7 @@ _COMPILE = textwrap.dedent('''
     ''')
 
 
+@pytest.mark.slow
 class CompileNoiseTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_xlas_first_compile_lines_go_in_a_command(self):

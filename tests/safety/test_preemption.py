@@ -346,6 +346,7 @@ def _end(run):
     run._log.close()  # pylint: disable=protected-access
 
 
+@pytest.mark.slow
 class CtrlCTest(tf.test.TestCase):
 
   def test_ctrl_c_saves_the_step_reached_and_exits_130(self):
