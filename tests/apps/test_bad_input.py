@@ -128,6 +128,7 @@ def _bad_label_at(index):
   return [_example(label=12 if i == index else None) for i in range(_RECORDS)]
 
 
+@pytest.mark.slow
 class BadDataTest(tf.test.TestCase, parameterized.TestCase):
   """Every defect is caught before training writes a checkpoint."""
 
@@ -199,6 +200,7 @@ class BadDataTest(tf.test.TestCase, parameterized.TestCase):
                         if n.endswith('_temp')])
 
 
+@pytest.mark.slow
 class BadModelDirTest(tf.test.TestCase):
 
   def test_read_only_model_dir_names_the_flag(self):

@@ -11,6 +11,7 @@ rounding of the float32 build.
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -247,6 +248,7 @@ def _bfloat16_after_float32_ops(loss, start):
 _ROUNDED_TERMS = ('log_softmax_gathered', 'compute_weighted_loss')
 
 
+@pytest.mark.slow
 class LossTableTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*_ROWS)

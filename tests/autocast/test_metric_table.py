@@ -27,6 +27,7 @@ import tempfile
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -309,6 +310,7 @@ _TABLE = [('%s_%s' % (name, form), name, form)
           for name in sorted(_ROWS) for form in (OPS, FN)]
 
 
+@pytest.mark.slow
 class MetricTableTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_every_public_metric_has_a_row(self):

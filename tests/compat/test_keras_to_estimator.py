@@ -11,6 +11,7 @@ import textwrap
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 from tensorflow.python.eager import context
 
@@ -80,6 +81,7 @@ def _repeating(features, labels):
       (features, labels)).repeat().batch(8)
 
 
+@pytest.mark.slow
 class RunTest(tf.test.TestCase, parameterized.TestCase):
 
   def _run(self, precision):
@@ -120,6 +122,7 @@ class RunTest(tf.test.TestCase, parameterized.TestCase):
     self.assertNear(metrics['loss'][0], reference['loss'][0], 0.15)
 
 
+@pytest.mark.slow
 class CompatModelToEstimatorTest(tf.test.TestCase):
   """The compat backend's own function (TensorFlow 2.16+'s), on both."""
 

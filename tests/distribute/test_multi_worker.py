@@ -580,6 +580,7 @@ class LauncherSigtermTest(tf.test.TestCase):
     self.assertEqual(stopped_at, _step(model_dir), tail)
 
 
+@pytest.mark.slow
 class LaunchTest(tf.test.TestCase, parameterized.TestCase):
   """The launcher alone, with tiny Python commands instead of training."""
 

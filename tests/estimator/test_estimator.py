@@ -121,6 +121,7 @@ class GraphTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(names['float32'], names['bfloat16'])
 
 
+@pytest.mark.slow
 @parameterized.parameters(*eb.PRECISIONS)
 class EndToEndTest(tf.test.TestCase, parameterized.TestCase):
 

@@ -13,6 +13,7 @@ import tempfile
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -243,6 +244,7 @@ class _Training(tf.test.TestCase, parameterized.TestCase):
                           rtol=tolerance, msg=name)
 
 
+@pytest.mark.slow
 class AccumulationTest(_Training):
 
   @parameterized.named_parameters(
@@ -448,6 +450,7 @@ def ref_variables(model_fn):
   return with_ref_variables
 
 
+@pytest.mark.slow
 class RecomputeTest(_Training):
   """recompute=True through the Estimator, alone and with accumulation."""
 
@@ -541,6 +544,7 @@ def _activation_bytes(peak):
           peak['slot_bytes'] - peak['state_bytes'])
 
 
+@pytest.mark.slow
 class CommandsTest(tf.test.TestCase):
 
   def test_run_accumulate_ends_at_the_requested_step(self):

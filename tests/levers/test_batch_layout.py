@@ -10,6 +10,7 @@ import os
 import textwrap
 
 from absl.testing import parameterized
+import pytest
 import tensorflow as tf
 
 from estimator_bf16.levers import batch_dim
@@ -200,6 +201,7 @@ def _plan(model_fn, input_fn, layout_param, on, **extra):
                              precision='bfloat16', params=params)
 
 
+@pytest.mark.slow
 class LayoutPlanTest(tf.test.TestCase, parameterized.TestCase):
   """Batch-last and time-major inputs plan like their batch-first twins."""
 

@@ -4,6 +4,7 @@ import functools
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -136,6 +137,7 @@ def _forward_copies(graph):
   return copies
 
 
+@pytest.mark.slow
 class EqualityTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters('mlp', 'conv', 'bert')
@@ -303,6 +305,7 @@ class StructureTest(tf.test.TestCase):
     self.assertNotIn('RandomUniform', read)
 
 
+@pytest.mark.slow
 class PeakMemoryTest(tf.test.TestCase, parameterized.TestCase):
 
   def _peak_and_ops(self, build, use_recompute):

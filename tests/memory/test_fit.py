@@ -367,6 +367,7 @@ class FitOrderTest(tf.test.TestCase):
     self.assertFalse(advice.image_input)
 
 
+@pytest.mark.slow
 class ChooseLeversTest(tf.test.TestCase):
   """The library entry point on a real model_fn."""
 

@@ -293,6 +293,7 @@ def _gelu_network(features, is_training):
   return tf.compat.v1.layers.dense(gelu, _CLASSES, name='logits')
 
 
+@pytest.mark.slow
 class CompiledPlanTest(parameterized.TestCase):
   """`compiled=True`: the step as XLA compiles it for a TPU."""
 

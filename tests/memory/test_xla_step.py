@@ -96,6 +96,7 @@ def _shared_on_xla(name, flow, steps=1, precision='float32', recompute=False):
                    recompute=recompute)
 
 
+@pytest.mark.slow
 class DeviceAccumulationTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -200,6 +201,7 @@ def _wide_input_fn(params):
       params['batch_size'], drop_remainder=True).repeat()
 
 
+@pytest.mark.slow
 class DeviceAccumulationBytesTest(tf.test.TestCase, parameterized.TestCase):
   """One micro-batch's activations at a time, also once XLA compiles it."""
 
@@ -230,6 +232,7 @@ def _peak_buffer_sizes(path):
           re.findall(r'^\s+\S+: (\d+) bytes$', peak, re.M)]
 
 
+@pytest.mark.slow
 class RecomputeOnXlaTest(tf.test.TestCase, parameterized.TestCase):
   """Recompute survives XLA's compile: fewer bytes, the same training."""
 

@@ -160,6 +160,7 @@ class LayerNormTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(len(derived_kept), 1)
 
 
+@pytest.mark.slow
 class BertTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(

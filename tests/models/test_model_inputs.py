@@ -6,6 +6,7 @@ import tempfile
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from estimator_bf16.models import bert_input
@@ -40,6 +41,7 @@ def _read(input_fn, params, max_batches):
   return (features, labels), batches
 
 
+@pytest.mark.slow
 class ImageNetInputTest(tf.test.TestCase, parameterized.TestCase):
 
   @classmethod

@@ -53,6 +53,7 @@ def _relative_difference(actual, expected):
   return np.linalg.norm(actual - expected) / np.linalg.norm(expected)
 
 
+@pytest.mark.slow
 class ResNetTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_bad_depth_lists_choices(self):
@@ -197,7 +198,6 @@ class ResNetTest(tf.test.TestCase, parameterized.TestCase):
               np.abs(expected).max()))
     self.assertLess(difference, rtol)
 
-  @pytest.mark.slow
   def test_parameter_counts_match_published_networks(self):
     # ResNet-50's count is checked on the graph
     # test_resnet50_graph_is_bfloat16 builds anyway.

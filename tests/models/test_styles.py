@@ -74,6 +74,7 @@ def _variables(graph):
                   for v in tf.compat.v1.global_variables())
 
 
+@pytest.mark.slow
 class StyleGraphTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*STYLE_NAMES)

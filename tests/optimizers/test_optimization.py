@@ -2,6 +2,7 @@
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from estimator_bf16.models import optimization
@@ -233,6 +234,7 @@ class LearningRateScheduleTest(tf.test.TestCase, parameterized.TestCase):
         optimization.learning_rate_schedule(1.0, tf.constant(0), **options)
 
 
+@pytest.mark.slow
 class TrainOpTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(

@@ -444,6 +444,7 @@ except Exception:
   pass""")
 
 
+@pytest.mark.slow
 class RunProgramTest(tf.test.TestCase, parameterized.TestCase):
   """run_program in this process, on programs the tests write."""
 
