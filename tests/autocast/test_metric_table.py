@@ -361,6 +361,7 @@ class MetricTableTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(got, float32_values[name], rtol=2e-2, atol=2e-3)
 
 
+@pytest.mark.slow
 class EstimatorMetricTest(tf.test.TestCase):
   """Representative rows through make_tpu_estimator(...).evaluate."""
 

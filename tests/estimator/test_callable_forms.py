@@ -17,6 +17,7 @@ import tempfile
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_bf16 as eb
@@ -142,6 +143,7 @@ _FORMS = (
 )
 
 
+@pytest.mark.slow
 class CallableFormsTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*_FORMS)
