@@ -168,7 +168,6 @@ class BadDataTest(tf.test.TestCase, parameterized.TestCase):
                      r'(training|eval) data')
     self.assertEqual(_checkpoint_files(options.model_dir), set())
 
-  @pytest.mark.slow
   def test_skip_corrupt_records_skips_and_counts(self):
     options = _options('skip', _data_dir('skip', damage=_flip_byte(2 / 3)),
                        skip_corrupt_records=True)

@@ -215,7 +215,6 @@ class BertTest(tf.test.TestCase, parameterized.TestCase):
     self.assertTrue(np.all(np.isfinite(losses)), losses)
     self.assertLess(np.mean(losses[-3:]), losses[0])
 
-  @pytest.mark.slow
   def test_bfloat16_learns_synthetic_task(self):
     with tf.Graph().as_default():
       tf.compat.v1.set_random_seed(1)
@@ -309,7 +308,6 @@ class BertTest(tf.test.TestCase, parameterized.TestCase):
     # Embeddings (5) + 16 per layer + pooler (2) + classifier (2).
     self.assertLen(names, 5 + 16 * 2 + 2 + 2)
 
-  @pytest.mark.slow
   def test_base_graph_is_bfloat16(self):
     config = bert.BertConfig.preset('base')
     with tf.Graph().as_default() as graph:
