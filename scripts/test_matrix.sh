@@ -30,6 +30,12 @@ shift || true
 # (estimator_bf16/memory/peak.py, traced_run_options), so the other
 # worker's load does not move its order. The 15 slowest tests are printed
 # at the end. PYTEST_WORKERS=0 runs everything in one process.
+# More workers than cores did not help: on a 2-core machine three workers
+# took 656 s for the whole run where two took 680 s, a smaller gap than
+# between two runs of the same code with two (726 and 787 s): the tests
+# are CPU-bound, not waiting. Nor did one TensorFlow thread per worker
+# (TF_NUM_INTRAOP_THREADS=1): 3% less CPU on tests/levers, tests/models
+# and tests/autocast, within the same noise.
 WORKERS="${PYTEST_WORKERS:-2}"
 
 # Seconds of each stage, in order, for the closing line.
